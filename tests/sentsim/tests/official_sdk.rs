@@ -1,0 +1,165 @@
+//! The scenario suite against the official SDK's conformance agent (`sentdm-voice-agents` 0.2.0,
+//! `conformance::ConformanceHandler`), in this process: the proof that the simulator and its scenarios are
+//! right, since the agent is not ours. Then the tests that show each known deviation of the SDK, through the
+//! SDK's own API, so each scenario that should catch it is seen to have teeth.
+
+use sentdm_voice_agents::conformance::ConformanceHandler;
+use sentdm_voice_agents::{Agent, Handler, Options, Session};
+use sentsim::scenarios::SCENARIOS;
+use sentsim::suite::{self, Ctx, Poke, Profile};
+use sentsim::{Sim, SimConfig};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+fn config() -> SimConfig {
+    SimConfig {
+        heartbeat_interval_ms: 1000,
+        ..SimConfig::default()
+    }
+}
+
+/// The official SDK serving `handler` against the simulator.
+fn sdk_agent<H: Handler>(sim: &Sim, handler: H) -> Agent<H> {
+    Agent::new(
+        Options::new(
+            sentsim::sim::CONFORMANCE_KEY,
+            sentsim::sim::CONFORMANCE_AGENT,
+        )
+        .with_url(sim.url()),
+        handler,
+    )
+}
+
+// The SDK deadlocks with several concurrent audio sessions: its runs keep audio to one session at a time.
+const SDK_PROFILE: Profile = Profile {
+    concurrent_audio: false,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_conformance_agent_passes_every_scenario() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let filter = std::env::var("SENTSIM_FILTER").unwrap_or_default();
+    let sim = Sim::start_local(config()).await.unwrap();
+    let agent = sdk_agent(&sim, ConformanceHandler);
+    let running = tokio::spawn({
+        let agent = agent.clone();
+        async move { agent.run().await }
+    });
+    let ctx = Ctx {
+        sim: sim.clone(),
+        profile: SDK_PROFILE,
+        poke: None,
+    };
+    let report = suite::run(&ctx, &filter).await;
+    println!("{report}");
+    if !filter.is_empty() {
+        assert_eq!(report.failed(), 0, "\n{report}");
+        return;
+    }
+    assert_eq!(report.outcomes.len(), SCENARIOS.len());
+    assert_eq!(report.failed(), 0, "\n{report}");
+    // The last scenario refuses the agent with 401: the SDK stops with that refusal.
+    let stopped = tokio::time::timeout(std::time::Duration::from_secs(5), running).await;
+    let refused = stopped.expect("the SDK did not stop after a 401").unwrap();
+    assert_eq!(refused.map_err(|r| r.status), Err(401));
+    agent.stop();
+    sim.shutdown();
+}
+
+/// The conformance handler, unchanged, plus a record of every session it saw, so a test can make the agent
+/// act on a session outside its handlers through the SDK's public `Session` API.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<HashMap<String, Arc<Session>>>>);
+
+struct Tracking(Seen);
+
+impl Handler for Tracking {
+    async fn on_session_start(&self, session: Arc<Session>) {
+        self.0
+             .0
+            .lock()
+            .unwrap()
+            .insert(session.id.clone(), session.clone());
+        ConformanceHandler.on_session_start(session).await
+    }
+    async fn on_user_said(&self, session: Arc<Session>, said: sentdm_voice_agents::UserSaid) {
+        ConformanceHandler.on_user_said(session, said).await
+    }
+    async fn on_tool_result(&self, session: Arc<Session>, result: sentdm_voice_agents::ToolResult) {
+        ConformanceHandler.on_tool_result(session, result).await
+    }
+    async fn on_audio(&self, session: Arc<Session>, samples: Vec<u8>) {
+        ConformanceHandler.on_audio(session, samples).await
+    }
+}
+
+impl Poke for Seen {
+    fn send_audio(&self, session_id: &str, samples: &[u8]) -> Result<(), String> {
+        let session = self.0.lock().unwrap().get(session_id).cloned();
+        let session = session.ok_or_else(|| format!("the agent never saw {session_id}"))?;
+        session.send_audio(samples).map_err(|e| e.to_string())
+    }
+
+    fn say(&self, session_id: &str, text: &str) -> Result<(), String> {
+        let session = self.0.lock().unwrap().get(session_id).cloned();
+        let session = session.ok_or_else(|| format!("the agent never saw {session_id}"))?;
+        session.say(text).map_err(|e| e.to_string())
+    }
+}
+
+/// Runs one scenario against the SDK with pokes, and returns its outcome.
+async fn poked(name: &str) -> suite::Outcome {
+    let sim = Sim::start_local(config()).await.unwrap();
+    let seen = Seen::default();
+    let agent = sdk_agent(&sim, Tracking(seen.clone()));
+    tokio::spawn({
+        let agent = agent.clone();
+        async move { agent.run().await }
+    });
+    let ctx = Ctx {
+        sim: sim.clone(),
+        profile: SDK_PROFILE,
+        poke: Some(Arc::new(seen)),
+    };
+    let scenario = SCENARIOS
+        .iter()
+        .find(|s| s.name == name)
+        .expect("a scenario");
+    let outcome = suite::run_one(&ctx, scenario).await;
+    agent.stop();
+    sim.shutdown();
+    outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_sdk_holds_what_it_says_during_a_resume_and_sends_it_once() {
+    let outcome = poked("resume_holds_frames").await;
+    assert!(outcome.passed, "{}", outcome.detail);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_sdk_deviation_sends_audio_on_the_full_connection_after_connection_full() {
+    let outcome = poked("connection_full_resumes_elsewhere").await;
+    assert!(!outcome.passed, "the SDK no longer shows the deviation");
+    assert!(
+        outcome.detail.contains("reached the full connection"),
+        "failed for another reason: {}",
+        outcome.detail
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_sdk_deviation_raises_on_send_audio_after_the_end() {
+    let outcome = poked("audio_after_end_not_delivered").await;
+    assert!(!outcome.passed, "the SDK no longer shows the deviation");
+    assert!(
+        outcome
+            .detail
+            .contains("send_audio after the end raised: the session has ended"),
+        "failed for another reason: {}",
+        outcome.detail
+    );
+}
