@@ -437,6 +437,8 @@ impl Sim {
     async fn serve_socket(self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
         let mut refused_with = None;
+        // tungstenite's callback type fixes the large error response: nothing to box here.
+        #[allow(clippy::result_large_err)]
         let callback = |request: &Request, mut response: Response| {
             let status = self.admit(request);
             if let Err(status) = status {
@@ -685,6 +687,10 @@ impl Sim {
 
     fn read_text(&self, id: u32, text: &str) {
         let mut state = self.state();
+        // Once Sent has dropped a connection it reads nothing more from it.
+        if !state.conns.get(&id).is_some_and(|c| c.open) {
+            return;
+        }
         let recorder = &self.inner.recorder;
         let frame = match wire::decode_from_agent(text) {
             Ok(frame) => frame,
@@ -972,6 +978,9 @@ impl Sim {
 
     fn read_audio(&self, id: u32, data: &[u8]) {
         let state = self.state();
+        if !state.conns.get(&id).is_some_and(|c| c.open) {
+            return;
+        }
         let recorder = &self.inner.recorder;
         let (stream, samples) = match wire::split_audio(data) {
             Ok(audio) => audio,

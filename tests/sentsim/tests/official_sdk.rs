@@ -163,3 +163,65 @@ async fn official_sdk_deviation_raises_on_send_audio_after_the_end() {
         outcome.detail
     );
 }
+
+/// An agent that gets the conformance table wrong in small ways: it shouts its echoes, never clears on a
+/// correction, streams nothing, uses no tools, and plays audio backwards.
+struct Sloppy;
+
+impl Handler for Sloppy {
+    async fn on_session_start(&self, session: Arc<Session>) {
+        if session.session_type == "text" {
+            let _ = session.say(sentsim::scenarios::GREETING);
+        }
+    }
+    async fn on_user_said(&self, session: Arc<Session>, said: sentdm_voice_agents::UserSaid) {
+        if let Some(rest) = said.text.strip_prefix("echo ") {
+            let _ = session.say(&rest.to_uppercase());
+        }
+    }
+    async fn on_audio(&self, session: Arc<Session>, mut samples: Vec<u8>) {
+        samples.reverse();
+        let _ = session.send_audio(&samples);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scenarios_fail_an_agent_that_breaks_the_conformance_table() {
+    let sim = Sim::start_local(config()).await.unwrap();
+    let agent = sdk_agent(&sim, Sloppy);
+    tokio::spawn({
+        let agent = agent.clone();
+        async move { agent.run().await }
+    });
+    let ctx = Ctx {
+        sim: sim.clone(),
+        profile: SDK_PROFILE,
+        poke: None,
+    };
+    let mut verdicts = Vec::new();
+    for name in [
+        "greeting",
+        "echo",
+        "stream",
+        "correction_clears",
+        "transfer",
+        "audio_echo_16000",
+    ] {
+        let scenario = SCENARIOS.iter().find(|s| s.name == name).unwrap();
+        let outcome = suite::run_one(&ctx, scenario).await;
+        verdicts.push((name, outcome.passed));
+    }
+    agent.stop();
+    sim.shutdown();
+    assert_eq!(
+        verdicts,
+        [
+            ("greeting", true),
+            ("echo", false),
+            ("stream", false),
+            ("correction_clears", false),
+            ("transfer", false),
+            ("audio_echo_16000", false),
+        ]
+    );
+}
