@@ -204,16 +204,16 @@ impl Recorder {
         self.len() == 0
     }
 
+    /// The records from `from` on, copied out of the lock: a predicate may take the simulator's own lock,
+    /// which is held while records are pushed.
+    fn tail(&self, from: usize) -> Vec<Arc<Record>> {
+        let log = self.log();
+        log.records.get(from..).unwrap_or_default().to_vec()
+    }
+
     /// The records from `from` on that match.
     pub fn since(&self, from: usize, matches: impl Fn(&Record) -> bool) -> Vec<Arc<Record>> {
-        let log = self.log();
-        log.records
-            .get(from..)
-            .unwrap_or_default()
-            .iter()
-            .filter(|r| matches(r))
-            .cloned()
-            .collect()
+        self.tail(from).into_iter().filter(|r| matches(r)).collect()
     }
 
     /// Violations recorded at or after the record `from`.
@@ -243,9 +243,12 @@ impl Recorder {
     ) -> anyhow::Result<Arc<Record>> {
         let deadline = tokio::time::Instant::now() + within;
         let mut tick = self.tick.subscribe();
+        let mut next = from;
         loop {
             tick.borrow_and_update();
-            if let Some(found) = self.since(from, &wanted).into_iter().next() {
+            let fresh = self.tail(next);
+            next += fresh.len();
+            if let Some(found) = fresh.into_iter().find(|r| wanted(r)) {
                 return Ok(found);
             }
             if tokio::time::timeout_at(deadline, tick.changed())
