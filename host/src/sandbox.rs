@@ -1,0 +1,595 @@
+//! wasmtime: one engine with the pooling allocator and an epoch ticker, one `InstancePre` per agent
+//! component, one Store per call. A call's handlers run under a CPU deadline (epochs: only the guest's own
+//! running time counts, not the time it waits in `tool`), a wall-clock bound, and a linear-memory cap. A
+//! trap poisons the whole Store, so [`Instance`] drops it and builds a fresh one from the same
+//! `InstancePre`; the session then calls `on-restart`.
+
+use anyhow::{Context as _, Result};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWrite;
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    Trap, UpdateDeadline,
+};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        world: "agent",
+        path: "../wit",
+        imports: { default: async | trappable },
+        exports: { default: async },
+    });
+}
+
+/// The WIT types, as the rest of the host uses them.
+pub mod wit {
+    pub use super::bindings::voicehost::agent::log::Level;
+    pub use super::bindings::voicehost::agent::types::{
+        Call, Direction, Media, Party, Refused, SessionEnd, ToolError, ToolResult, UnknownFrame,
+        UserSaid,
+    };
+}
+
+use bindings::voicehost::agent::{log, session, types};
+use wit::*;
+
+/// How often the engine's epoch advances: the grain of the CPU deadline.
+pub const TICK: Duration = Duration::from_millis(10);
+
+/// The limits one call's instance runs under.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Guest running time allowed for one handler call.
+    pub cpu_per_call: Duration,
+    /// Wall-clock time one handler call may take, waits in `tool` included.
+    pub wall_per_call: Duration,
+    /// Linear memory per instance, in bytes.
+    pub memory_bytes: usize,
+    /// Guest log lines (stdout, stderr, the `log` import) per second; more are dropped and counted.
+    pub log_lines_per_second: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            cpu_per_call: Duration::from_millis(200),
+            wall_per_call: Duration::from_secs(60),
+            memory_bytes: 64 << 20,
+            log_lines_per_second: 20,
+        }
+    }
+}
+
+/// What a guest's imports reach: its call, on the host's side. The session implements it.
+pub trait Calls: Send + Sync + 'static {
+    fn info(&self) -> Call;
+    fn say(
+        &self,
+        text: String,
+        last: Option<bool>,
+        interruptible: Option<bool>,
+    ) -> Result<(), Refused>;
+    fn clear(&self) -> Result<(), Refused>;
+    fn send_audio(&self, samples: Vec<i16>);
+    fn tool(
+        &self,
+        name: String,
+        arguments: Option<String>,
+    ) -> Pin<Box<dyn Future<Output = Result<ToolResult, Refused>> + Send>>;
+    fn save(&self, key: String, value: Vec<u8>) -> Result<(), Refused>;
+    fn load(&self, key: &str) -> Option<Vec<u8>>;
+    /// A line the guest logged (with `log`, or on stdout or stderr), after rate limiting.
+    fn log(&self, level: Level, message: &str);
+}
+
+/// The engine all agents share, with the epoch ticker that drives CPU deadlines.
+#[derive(Clone)]
+pub struct Sandbox {
+    engine: Engine,
+    linker: Arc<Linker<HostState>>,
+}
+
+impl Sandbox {
+    pub fn new() -> Result<Sandbox> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(1000);
+        pool.total_core_instances(10_000);
+        pool.total_memories(2000);
+        pool.total_tables(4000);
+        pool.total_stacks(1000);
+        pool.max_core_instances_per_component(64);
+        pool.max_memories_per_component(16);
+        pool.max_tables_per_component(32);
+        pool.max_memory_size(1 << 30);
+        pool.max_component_instance_size(1 << 20);
+        pool.max_core_instance_size(1 << 20);
+        pool.table_elements(100_000);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config)?;
+        let mut linker: Linker<HostState> = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        bindings::Agent::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        let ticker = engine.weak();
+        std::thread::Builder::new()
+            .name("voicehost-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = ticker.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(TICK);
+                }
+            })?;
+        Ok(Sandbox {
+            engine,
+            linker: Arc::new(linker),
+        })
+    }
+
+    /// Compiles an agent's component on this host (a precompiled artifact from outside is never loaded)
+    /// and checks that it fits the `agent` world.
+    pub fn load(&self, wasm: &[u8]) -> Result<AgentCode> {
+        if wasm.get(..8) == Some(&[0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00]) {
+            anyhow::bail!("this is a core WebAssembly module, not a component");
+        }
+        let component = Component::from_binary(&self.engine, wasm)
+            .map_err(anyhow::Error::from)
+            .context("the agent is not a valid WebAssembly component")?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(anyhow::Error::from)
+            .context("the agent's imports do not fit the voicehost:agent world")?;
+        let pre = bindings::AgentPre::new(pre)
+            .map_err(anyhow::Error::from)
+            .context("the agent's exports do not fit the voicehost:agent world")?;
+        Ok(AgentCode {
+            engine: self.engine.clone(),
+            pre,
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+/// One agent version, compiled and pre-linked: instances are cheap to make from it.
+#[derive(Clone)]
+pub struct AgentCode {
+    engine: Engine,
+    pre: bindings::AgentPre<HostState>,
+}
+
+/// The state of one Store: WASI, the call's side, and the meters behind the limits.
+pub struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    calls: Arc<dyn Calls>,
+    memory_cap: usize,
+    memory_hit: bool,
+    cpu_budget: u64,
+    cpu_used: u64,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl ResourceLimiter for HostState {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            self.memory_hit = true;
+            wasmtime::bail!("the memory limit of {} bytes was reached", self.memory_cap);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+impl types::Host for HostState {}
+
+impl session::Host for HostState {
+    async fn info(&mut self) -> wasmtime::Result<Call> {
+        Ok(self.calls.info())
+    }
+
+    async fn say(
+        &mut self,
+        text: String,
+        last: Option<bool>,
+        interruptible: Option<bool>,
+    ) -> wasmtime::Result<Result<(), Refused>> {
+        Ok(self.calls.say(text, last, interruptible))
+    }
+
+    async fn clear(&mut self) -> wasmtime::Result<Result<(), Refused>> {
+        Ok(self.calls.clear())
+    }
+
+    async fn send_audio(&mut self, samples: Vec<i16>) -> wasmtime::Result<()> {
+        self.calls.send_audio(samples);
+        Ok(())
+    }
+
+    async fn tool(
+        &mut self,
+        name: String,
+        arguments: Option<String>,
+    ) -> wasmtime::Result<Result<ToolResult, Refused>> {
+        // The guest is suspended while Sent answers: the epoch callback does not run, so the wait costs it
+        // at most one tick of its CPU budget. The wall-clock bound of the whole call covers the wait.
+        Ok(self.calls.tool(name, arguments).await)
+    }
+
+    async fn save(&mut self, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), Refused>> {
+        Ok(self.calls.save(key, value))
+    }
+
+    async fn load(&mut self, key: String) -> wasmtime::Result<Option<Vec<u8>>> {
+        Ok(self.calls.load(&key))
+    }
+}
+
+impl log::Host for HostState {
+    async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
+        self.calls.log(level, &message);
+        Ok(())
+    }
+}
+
+/// One event for the guest: one handler call.
+#[derive(Debug, Clone)]
+pub enum Event {
+    SessionStart,
+    UserSaid(UserSaid),
+    Audio(Vec<i16>),
+    ToolResult(ToolResult),
+    Frame(UnknownFrame),
+    SessionEnd(SessionEnd),
+    SessionLost,
+    Restart(String),
+}
+
+impl Event {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::SessionStart => "on-session-start",
+            Event::UserSaid(_) => "on-user-said",
+            Event::Audio(_) => "on-audio",
+            Event::ToolResult(_) => "on-tool-result",
+            Event::Frame(_) => "on-frame",
+            Event::SessionEnd(_) => "on-session-end",
+            Event::SessionLost => "on-session-lost",
+            Event::Restart(_) => "on-restart",
+        }
+    }
+}
+
+/// How a trap happened, for logs, metrics and `on-restart`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrapKind {
+    /// The handler ran past its CPU deadline.
+    CpuDeadline,
+    /// The handler took longer than its wall-clock bound (blocked in a host call).
+    WallDeadline,
+    /// The instance asked for more linear memory than its cap.
+    Memory,
+    StackOverflow,
+    /// A panic, an abort or an `unreachable`.
+    Panic,
+    Other,
+}
+
+impl TrapKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TrapKind::CpuDeadline => "cpu_deadline",
+            TrapKind::WallDeadline => "wall_deadline",
+            TrapKind::Memory => "memory_limit",
+            TrapKind::StackOverflow => "stack_overflow",
+            TrapKind::Panic => "panic",
+            TrapKind::Other => "other",
+        }
+    }
+}
+
+/// What one handler call came to.
+#[derive(Debug)]
+pub enum Outcome {
+    Ok,
+    /// The handler returned an error: logged and counted; the instance goes on.
+    Failed(String),
+    /// The instance trapped and was replaced by a fresh one.
+    Trapped {
+        kind: TrapKind,
+        detail: String,
+    },
+}
+
+/// The instance serving one call. After a trap it is rebuilt from the same `InstancePre` on the next call.
+pub struct Instance {
+    code: AgentCode,
+    calls: Arc<dyn Calls>,
+    limits: Limits,
+    live: Option<(Store<HostState>, bindings::Agent)>,
+    /// Guest output shared by every Store of this call, so a rebuilt instance keeps the rate limit.
+    output: GuestOutput,
+}
+
+impl Instance {
+    /// Instantiates the agent for one call.
+    pub async fn new(code: &AgentCode, calls: Arc<dyn Calls>, limits: Limits) -> Result<Instance> {
+        let output = GuestOutput::new(calls.clone(), limits.log_lines_per_second);
+        let mut instance = Instance {
+            code: code.clone(),
+            calls,
+            limits,
+            live: None,
+            output,
+        };
+        instance.live = Some(instance.instantiate().await?);
+        Ok(instance)
+    }
+
+    // Not `&self` across the await: a Store is Send but not Sync.
+    fn instantiate(
+        &self,
+    ) -> impl Future<Output = Result<(Store<HostState>, bindings::Agent)>> + Send + 'static {
+        let (code, calls, limits, output) = (
+            self.code.clone(),
+            self.calls.clone(),
+            self.limits.clone(),
+            self.output.clone(),
+        );
+        async move { instantiate(&code, calls, &limits, output).await }
+    }
+}
+
+async fn instantiate(
+    code: &AgentCode,
+    calls: Arc<dyn Calls>,
+    limits: &Limits,
+    output: GuestOutput,
+) -> Result<(Store<HostState>, bindings::Agent)> {
+    {
+        let wasi = WasiCtx::builder()
+            .stdout(output.clone())
+            .stderr(output)
+            .build();
+        let state = HostState {
+            wasi,
+            table: ResourceTable::new(),
+            calls,
+            memory_cap: limits.memory_bytes,
+            memory_hit: false,
+            cpu_budget: ticks(limits.cpu_per_call),
+            cpu_used: 0,
+        };
+        let mut store = Store::new(&code.engine, state);
+        store.limiter(|state| state);
+        store.epoch_deadline_callback(|mut context| {
+            let state = context.data_mut();
+            state.cpu_used += 1;
+            if state.cpu_used > state.cpu_budget {
+                return Ok(UpdateDeadline::Interrupt);
+            }
+            // Yield so a busy guest never holds its worker thread for more than a tick.
+            Ok(UpdateDeadline::Yield(1))
+        });
+        store.set_epoch_deadline(1);
+        let agent = code.pre.instantiate_async(&mut store).await?;
+        Ok((store, agent))
+    }
+}
+
+impl Instance {
+    /// Calls the handler for `event`. A trap replaces the instance; the caller then delivers
+    /// [`Event::Restart`].
+    pub async fn call(&mut self, event: &Event) -> Outcome {
+        let started = Instant::now();
+        if self.live.is_none() {
+            match self.instantiate().await {
+                Ok(live) => self.live = Some(live),
+                Err(error) => {
+                    return Outcome::Trapped {
+                        kind: TrapKind::Other,
+                        detail: format!("could not instantiate: {error:#}"),
+                    }
+                }
+            }
+        }
+        let Some((store, agent)) = self.live.as_mut() else {
+            return Outcome::Trapped {
+                kind: TrapKind::Other,
+                detail: "no instance".into(),
+            };
+        };
+        store.data_mut().cpu_used = 0;
+        store.set_epoch_deadline(1);
+        let handler = agent.voicehost_agent_handler();
+        let call = async {
+            match event {
+                Event::SessionStart => handler.call_on_session_start(&mut *store).await,
+                Event::UserSaid(said) => handler.call_on_user_said(&mut *store, said).await,
+                Event::Audio(samples) => handler.call_on_audio(&mut *store, samples).await,
+                Event::ToolResult(result) => handler.call_on_tool_result(&mut *store, result).await,
+                Event::Frame(frame) => handler.call_on_frame(&mut *store, frame).await,
+                Event::SessionEnd(end) => handler.call_on_session_end(&mut *store, end).await,
+                Event::SessionLost => handler.call_on_session_lost(&mut *store).await,
+                Event::Restart(reason) => handler.call_on_restart(&mut *store, reason).await,
+            }
+        };
+        let result = tokio::time::timeout(self.limits.wall_per_call, call).await;
+        let outcome = match result {
+            Ok(Ok(Ok(()))) => Outcome::Ok,
+            Ok(Ok(Err(message))) => Outcome::Failed(message),
+            Ok(Err(error)) => {
+                let memory = self.live.as_ref().is_some_and(|(s, _)| s.data().memory_hit);
+                Outcome::Trapped {
+                    kind: classify(&error, memory),
+                    detail: format!("{error}"),
+                }
+            }
+            Err(_) => Outcome::Trapped {
+                kind: TrapKind::WallDeadline,
+                detail: format!(
+                    "{} took longer than {:?}",
+                    event.name(),
+                    self.limits.wall_per_call
+                ),
+            },
+        };
+        if matches!(outcome, Outcome::Trapped { .. }) {
+            // A trap poisons the whole Store: the next call gets a fresh one.
+            self.live = None;
+        }
+        tracing::trace!(
+            handler = event.name(),
+            took_us = started.elapsed().as_micros() as u64,
+            "handler"
+        );
+        outcome
+    }
+}
+
+fn ticks(duration: Duration) -> u64 {
+    (duration.as_millis() / TICK.as_millis()).max(1) as u64
+}
+
+fn classify(error: &wasmtime::Error, memory: bool) -> TrapKind {
+    if memory {
+        return TrapKind::Memory;
+    }
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => TrapKind::CpuDeadline,
+        Some(Trap::StackOverflow) => TrapKind::StackOverflow,
+        Some(Trap::UnreachableCodeReached) => TrapKind::Panic,
+        _ => TrapKind::Other,
+    }
+}
+
+// ----- guest stdout and stderr into the log -----
+
+/// The guest's stdout and stderr: lines go to the call's log through a per-call rate limit.
+#[derive(Clone)]
+struct GuestOutput {
+    shared: Arc<OutputShared>,
+}
+
+struct OutputShared {
+    calls: Arc<dyn Calls>,
+    per_second: u32,
+    state: Mutex<OutputState>,
+    warned: AtomicBool,
+}
+
+struct OutputState {
+    line: Vec<u8>,
+    window: Instant,
+    lines: u32,
+}
+
+impl GuestOutput {
+    fn new(calls: Arc<dyn Calls>, per_second: u32) -> GuestOutput {
+        GuestOutput {
+            shared: Arc::new(OutputShared {
+                calls,
+                per_second,
+                state: Mutex::new(OutputState {
+                    line: Vec::new(),
+                    window: Instant::now(),
+                    lines: 0,
+                }),
+                warned: AtomicBool::new(false),
+            }),
+        }
+    }
+}
+
+impl OutputShared {
+    fn write(&self, bytes: &[u8]) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for &byte in bytes {
+            if byte == b'\n' || state.line.len() >= 1024 {
+                let line = String::from_utf8_lossy(&state.line).into_owned();
+                state.line.clear();
+                if state.window.elapsed() >= Duration::from_secs(1) {
+                    state.window = Instant::now();
+                    state.lines = 0;
+                }
+                state.lines += 1;
+                if state.lines <= self.per_second {
+                    self.calls.log(Level::Info, &line);
+                } else if !self.warned.swap(true, Ordering::Relaxed) {
+                    self.calls.log(
+                        Level::Warn,
+                        "guest output over its rate limit: dropping lines",
+                    );
+                }
+                if byte == b'\n' {
+                    continue;
+                }
+            }
+            state.line.push(byte);
+        }
+    }
+}
+
+impl IsTerminal for GuestOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for GuestOutput {
+    fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl AsyncWrite for GuestOutput {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.shared.write(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
