@@ -102,6 +102,10 @@ pub async fn serve(
         conn.conn.send(Outgoing::Close);
     }
     for session in link.sessions.values() {
+        tracing::info!(
+            session = session.id,
+            "stopping: the call goes to its fallback"
+        );
         session.lose();
     }
     result

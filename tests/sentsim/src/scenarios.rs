@@ -541,15 +541,28 @@ async fn ended_while_detached(ctx: &Ctx) -> Result<()> {
         resumed.get("audio").is_none(),
         "an ended session got a stream"
     );
-    let replay = ctx.sim.recorder().since(0, |r| {
-        r.conn == conn && r.dir == Dir::ToAgent && r.session.as_deref() == Some(call.id.as_str())
-    });
+    let id = call.id.clone();
+    let to_agent_here = |r: &crate::record::Record| {
+        r.conn == conn && r.dir == Dir::ToAgent && r.session.as_deref() == Some(id.as_str())
+    };
+    ctx.sim
+        .recorder()
+        .wait_for(
+            0,
+            DEADLINE,
+            "the replay's session.end",
+            to_agent_here,
+            |r| to_agent_here(r) && r.frame_type() == Some("session.end"),
+        )
+        .await?;
+    call.expect_nothing(Duration::from_millis(300)).await?;
+    let replay = ctx.sim.recorder().since(0, to_agent_here);
     ensure!(
         replay.last().and_then(|r| r.frame_type()) == Some("session.end"),
         "the replay does not end with session.end: {:?}",
         replay.iter().map(|r| r.to_string()).collect::<Vec<_>>()
     );
-    call.expect_nothing(Duration::from_millis(300)).await
+    Ok(())
 }
 
 async fn replay_gap_hangs_up(ctx: &Ctx) -> Result<()> {

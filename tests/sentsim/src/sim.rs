@@ -151,6 +151,8 @@ enum Out {
 }
 
 struct Conn {
+    /// The agent the connection authenticated as.
+    agent: String,
     out: mpsc::UnboundedSender<Out>,
     open: bool,
     ready: bool,
@@ -340,16 +342,25 @@ impl Sim {
     /// The newest connection that is open, ready and not draining, once the agent has answered a ping on it
     /// (a connection that answered a ping is one the official SDK counts as good: its backoff starts over).
     pub async fn connection(&self) -> Result<ConnHandle> {
-        let recorder = &self.inner.recorder;
-        let sim = self.clone();
-        let usable = move |conn: u32| {
-            let state = sim.state();
-            state
-                .conns
-                .get(&conn)
-                .is_some_and(|c| c.open && c.ready && !c.draining && !c.muted)
+        self.connection_for(None).await
+    }
+
+    /// [`Sim::connection`] of one agent, when several agents are connected.
+    pub async fn connection_for(&self, agent: Option<&str>) -> Result<ConnHandle> {
+        let agent = agent.map(str::to_string);
+        let fits = move |c: &Conn| {
+            c.open
+                && c.ready
+                && !c.draining
+                && !c.muted
+                && agent.as_ref().is_none_or(|a| *a == c.agent)
         };
-        let found = recorder
+        let sim = self.clone();
+        let check = fits.clone();
+        let usable = move |conn: u32| sim.state().conns.get(&conn).is_some_and(&check);
+        let found = self
+            .inner
+            .recorder
             .wait_for(
                 0,
                 Duration::from_secs(40),
@@ -365,7 +376,7 @@ impl Sim {
                 .conns
                 .iter()
                 .rev()
-                .find(|(_, c)| c.open && c.ready && !c.draining && !c.muted)
+                .find(|(_, c)| fits(c))
                 .map(|(id, _)| *id)
         };
         Ok(ConnHandle {
@@ -437,11 +448,15 @@ impl Sim {
     async fn serve_socket(self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
         let mut refused_with = None;
+        let mut agent = String::new();
         // tungstenite's callback type fixes the large error response: nothing to box here.
         #[allow(clippy::result_large_err)]
         let callback = |request: &Request, mut response: Response| {
-            let status = self.admit(request);
-            if let Err(status) = status {
+            let admitted = self.admit(request);
+            if let Ok(id) = &admitted {
+                agent = id.clone();
+            }
+            if let Err(status) = admitted {
                 refused_with = Some(status);
                 let mut refusal = ErrorResponse::new(Some(refusal_reason(status).into()));
                 *refusal.status_mut() =
@@ -478,6 +493,7 @@ impl Sim {
             state.conns.insert(
                 id,
                 Conn {
+                    agent,
                     out,
                     open: true,
                     ready: false,
@@ -577,7 +593,7 @@ impl Sim {
     }
 
     /// Which status, if any, refuses this upgrade: the protocol's 400, 401, 403 and 404, or a planned one.
-    fn admit(&self, request: &Request) -> Result<(), u16> {
+    fn admit(&self, request: &Request) -> Result<String, u16> {
         let mut state = self.state();
         state.attempts += 1;
         if request.uri().path() != CONNECT_PATH {
@@ -611,7 +627,7 @@ impl Sim {
             return Err(401);
         };
         if account.agents.iter().any(|a| a == agent_id) {
-            return Ok(());
+            return Ok(agent_id.to_string());
         }
         if accounts
             .iter()
@@ -1116,10 +1132,14 @@ impl Sim {
         if let Some(conn) = state.conns.get_mut(&id) {
             conn.sessions.insert(session_id.clone());
         }
+        let agent = state
+            .conns
+            .get(&id)
+            .map_or_else(|| CONFORMANCE_AGENT.to_string(), |c| c.agent.clone());
         let frame = Frame::SessionStart(SessionStart {
             session_id: session_id.clone(),
             call_id: format!("call_sim-{number}"),
-            agent_id: CONFORMANCE_AGENT.into(),
+            agent_id: agent.clone(),
             direction: "inbound".into(),
             from: Party {
                 kind: "number".into(),
@@ -1127,7 +1147,7 @@ impl Sim {
             },
             to: Party {
                 kind: "agent".into(),
-                value: Some(CONFORMANCE_AGENT.into()),
+                value: Some(agent),
             },
             session_type: match spec.kind {
                 Kind::Text => "text".into(),

@@ -1,0 +1,159 @@
+//! The `voicehost` binary: `run` serves one agent's calls; `demo` places calls through the embedded Sent
+//! simulator and prints what happened.
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use voicehost::connection::Dial;
+use voicehost::link::{self, AgentConfig};
+use voicehost::sandbox::{Limits, Sandbox};
+use voicehost::session::{CallRules, FailurePolicy};
+use voicehost::stats::Stats;
+
+mod demo;
+
+#[derive(Parser)]
+#[command(
+    name = "voicehost",
+    version,
+    about = "Serves Sent voice agent calls with sandboxed WebAssembly agents"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve one agent's calls until SIGINT or SIGTERM. The API key comes from SENT_API_KEY or --api-key-file.
+    Run(RunArgs),
+    /// Start the Sent simulator on loopback, serve the example agents, place a few calls, print them.
+    Demo,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The agent's component (.wasm), compiled on this host.
+    #[arg(long)]
+    agent: PathBuf,
+    /// The agent as Sent knows it: agent_…
+    #[arg(long)]
+    agent_id: String,
+    /// Sent's connect endpoint.
+    #[arg(long, default_value = "wss://voice.sent.dm/v1/agents/connect")]
+    url: String,
+    /// A file holding the API key (instead of the SENT_API_KEY environment variable).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Connections to hold at once.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
+    /// Guest CPU time per handler call, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    cpu_ms: u64,
+    /// Linear memory per call's instance, in MiB.
+    #[arg(long, default_value_t = 64)]
+    memory_mib: usize,
+    /// Traps within a minute after which the call gets the failure policy.
+    #[arg(long, default_value_t = 3)]
+    max_traps: usize,
+    /// What to do with a call whose agent keeps trapping: `hangup`, or `transfer:KIND:VALUE` (e.g.
+    /// `transfer:number:+14155550100`).
+    #[arg(long, default_value = "hangup")]
+    on_repeated_traps: String,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,wasmtime=warn,cranelift=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new()?;
+    match cli.command {
+        Command::Run(args) => runtime.block_on(run(args)),
+        Command::Demo => runtime.block_on(demo::run()),
+    }
+}
+
+fn policy(text: &str) -> Result<FailurePolicy> {
+    if text == "hangup" {
+        return Ok(FailurePolicy::HangUp);
+    }
+    match text.split(':').collect::<Vec<_>>()[..] {
+        ["transfer", kind, value] if !kind.is_empty() && !value.is_empty() => {
+            Ok(FailurePolicy::Transfer {
+                kind: kind.into(),
+                value: value.into(),
+            })
+        }
+        _ => bail!("--on-repeated-traps is `hangup` or `transfer:KIND:VALUE`, not {text:?}"),
+    }
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    let api_key = match &args.api_key_file {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the API key from {}", path.display()))?
+            .trim()
+            .to_string(),
+        None => std::env::var("SENT_API_KEY")
+            .context("no API key: set SENT_API_KEY or pass --api-key-file")?,
+    };
+    let wasm = std::fs::read(&args.agent)
+        .with_context(|| format!("cannot read {}", args.agent.display()))?;
+    let sandbox = Sandbox::new()?;
+    let code = sandbox
+        .load(&wasm)
+        .with_context(|| format!("{} cannot serve as an agent", args.agent.display()))?;
+    let rules = CallRules {
+        limits: Limits {
+            cpu_per_call: Duration::from_millis(args.cpu_ms),
+            memory_bytes: args.memory_mib << 20,
+            ..Limits::default()
+        },
+        max_traps: args.max_traps,
+        policy: policy(&args.on_repeated_traps)?,
+        ..CallRules::default()
+    };
+    let config = AgentConfig {
+        dial: Dial::new(args.url, args.agent_id, api_key),
+        code,
+        rules,
+        connections: args.connections,
+    };
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("stopping: closing every connection");
+        let _ = stop.send(true);
+    });
+    let stats = Arc::new(Stats::default());
+    let result = link::serve(config, stats.clone(), stopped).await;
+    tracing::info!("served:\n{stats}");
+    result.context("Sent refused the agent")?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        if let Ok(mut terminate) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            tokio::select! {
+                _ = interrupt => {}
+                _ = terminate.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = interrupt.await;
+}
