@@ -277,6 +277,7 @@ impl Connection {
             writer,
             silence,
             pinged: pinged.clone(),
+            outbox: outbox_tx.downgrade(),
         };
         tokio::spawn(reader.run(early).instrument(span));
         Ok(Connection {
@@ -532,8 +533,6 @@ impl Drop for Events {
 
 /// What the reader asks of the writer.
 enum Control {
-    /// Send this pong before anything else queued.
-    Pong(String),
     /// Send a close frame with this code and stop.
     Close(CloseCode, &'static str),
 }
@@ -553,6 +552,8 @@ struct Reader {
     writer: tokio::task::JoinHandle<()>,
     silence: Duration,
     pinged: Arc<AtomicBool>,
+    /// Weak, so dropping every handle still closes the connection.
+    outbox: mpsc::WeakUnboundedSender<Outgoing>,
 }
 
 impl Reader {
@@ -650,7 +651,11 @@ impl Reader {
                         Message::Text(text) => match read_text(&text) {
                             Read::Ping(pong) => {
                                 self.pinged.store(true, Ordering::Relaxed);
-                                let _ = self.control.send(Control::Pong(pong));
+                                // In line with what is already queued: a pong tells Sent that everything the
+                                // agent wrote before reading the ping is on the wire.
+                                if let Some(outbox) = self.outbox.upgrade() {
+                                    let _ = outbox.send(Outgoing::Text(pong));
+                                }
                             }
                             Read::Ready(ready) => {
                                 if !self.events.send(Incoming::Frame(Box::new(Frame::ConnectionReady(ready)))) {
@@ -704,7 +709,6 @@ enum Step {
 
 fn step_of_control(control: Option<Control>) -> Step {
     match control {
-        Some(Control::Pong(pong)) => Step::Send(Message::Text(pong.into())),
         Some(Control::Close(code, reason)) => Step::Close(
             CloseFrame {
                 code,

@@ -337,8 +337,9 @@ impl Link {
         if conn.draining && carry.is_empty() {
             return;
         }
-        // A connection that lived to hear a ping was a good one: the backoff starts over.
-        if conn.conn.pinged() {
+        // A ping on a ready connection means Sent is reachable again: the backoff starts over (as the
+        // official SDKs do, whichever connection heard it).
+        if conn.conn.pinged() || self.conns.values().any(|c| c.conn.pinged()) {
             self.attempt = 0;
         }
         let delay = backoff(self.attempt);

@@ -455,7 +455,9 @@ impl Instance {
                 let memory = self.live.as_ref().is_some_and(|(s, _)| s.data().memory_hit);
                 Outcome::Trapped {
                     kind: classify(&error, memory),
-                    detail: format!("{error}"),
+                    // The whole chain: the outermost context is only the wasm backtrace, the cause
+                    // (the trap, or the limiter's message) is below it.
+                    detail: format!("{error:#}"),
                 }
             }
             Err(_) => Outcome::Trapped {

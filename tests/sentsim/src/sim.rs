@@ -357,7 +357,17 @@ impl Sim {
         };
         let sim = self.clone();
         let check = fits.clone();
-        let usable = move |conn: u32| sim.state().conns.get(&conn).is_some_and(&check);
+        // A pong on the newest usable connection: the one a scenario then drives.
+        let usable = move |conn: u32| {
+            let state = sim.state();
+            let newest = state
+                .conns
+                .iter()
+                .rev()
+                .find(|(_, c)| check(c))
+                .map(|(id, _)| *id);
+            newest == Some(conn)
+        };
         let found = self
             .inner
             .recorder

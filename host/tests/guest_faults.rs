@@ -1,0 +1,382 @@
+//! Guest faults, end to end: the example agents panic, spin, hog memory and recurse on command, and the host
+//! contains each trap in the call it happened on, gives that call a fresh instance (which reads back what
+//! was saved), applies the failure policy when the traps keep coming, and breaks no protocol rule meanwhile.
+//! Everything runs on loopback against the Sent simulator.
+
+use sentsim::{Call, ConnHandle, Sim, SimConfig};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use voicehost::connection::{ConnectError, Dial};
+use voicehost::link::{self, AgentConfig};
+use voicehost::sandbox::{Limits, Sandbox};
+use voicehost::session::{CallRules, FailurePolicy};
+use voicehost::stats::Stats;
+
+/// 20 ms of 16-bit mono audio at 16000 Hz.
+const FRAME_BYTES: usize = 640;
+
+/// One engine for every test in this file: each one reserves a pool of instance slots, so a test does not
+/// need its own.
+fn sandbox() -> &'static Sandbox {
+    static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
+    SANDBOX.get_or_init(|| Sandbox::new().expect("the sandbox starts"))
+}
+
+fn guest(name: &str) -> Vec<u8> {
+    let path = format!("{}/{name}.wasm", env!("VOICEHOST_GUESTS"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The simulator and a host serving one example agent on it.
+struct Host {
+    sim: Sim,
+    stats: Arc<Stats>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), ConnectError>>,
+}
+
+impl Host {
+    async fn start(agent: &str, rules: CallRules) -> Host {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let sim = Sim::start_local(SimConfig {
+            heartbeat_interval_ms: 1000,
+            ..SimConfig::default()
+        })
+        .await
+        .unwrap();
+        let code = sandbox().load(&guest(agent)).unwrap();
+        let config = AgentConfig {
+            dial: Dial::new(
+                sim.url(),
+                sentsim::sim::CONFORMANCE_AGENT,
+                sentsim::sim::CONFORMANCE_KEY,
+            ),
+            code,
+            rules,
+            connections: 1,
+        };
+        let (stop, stopped) = watch::channel(false);
+        let stats = Arc::new(Stats::default());
+        let task = tokio::spawn(link::serve(config, stats.clone(), stopped));
+        Host {
+            sim,
+            stats,
+            stop,
+            task,
+        }
+    }
+
+    async fn connection(&self) -> ConnHandle {
+        self.sim.connection().await.unwrap()
+    }
+
+    /// Checks the host broke no protocol rule, stops it and the simulator.
+    async fn finish(self) {
+        let violations = self.sim.violations_since(0);
+        assert!(
+            violations.is_empty(),
+            "the host broke protocol rules: {violations:#?}"
+        );
+        let _ = self.stop.send(true);
+        let stopped = tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("the host stops when told to")
+            .expect("the host's task did not panic");
+        assert!(stopped.is_ok(), "the host stopped with {stopped:?}");
+        self.sim.shutdown();
+    }
+}
+
+/// Audio frame `n`: 320 samples no other frame has.
+fn audio_frame(n: usize) -> Vec<u8> {
+    (0..FRAME_BYTES / 2)
+        .flat_map(|i| ((n * 1000 + i) as i16).to_le_bytes())
+        .collect()
+}
+
+/// Waits until Sent knows the session ended, and returns the reason.
+async fn ended(call: &Call) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(reason) = call.state().and_then(|s| s.ended) {
+            return reason;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "session {} did not end: {:?}",
+            call.id,
+            call.state()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_on_one_session_leaves_the_audio_of_another_on_the_same_connection_uninterrupted() {
+    let host = Host::start("panicker", CallRules::default()).await;
+    let conn = host.connection().await;
+    let mut audio = conn.start_audio(16000);
+    let mut text = conn.start_text();
+    text.expect_say("Hello from the panicker.").await.unwrap();
+
+    let mut pace = tokio::time::interval(Duration::from_millis(20));
+    for n in 0..50 {
+        pace.tick().await;
+        audio.send_audio(&audio_frame(n));
+        if n == 25 {
+            text.say("panic");
+        }
+        if n == 35 {
+            // The trap happens while the audio is flowing, not after it.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while host.stats.traps() == 0 {
+                assert!(Instant::now() < deadline, "no trap: {}", host.stats);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    for n in 0..50 {
+        audio
+            .expect_audio(&audio_frame(n))
+            .await
+            .unwrap_or_else(|e| panic!("echo of frame {n}: {e:#}"));
+    }
+    text.say("echo after");
+    text.expect_say("after").await.unwrap();
+    audio
+        .expect_nothing(Duration::from_millis(100))
+        .await
+        .unwrap();
+
+    let stats = &host.stats;
+    assert_eq!(stats.traps(), 1, "{stats}");
+    assert_eq!(stats.traps_panic.get(), 1, "{stats}");
+    assert_eq!(stats.restarts.get(), 1, "{stats}");
+    assert_eq!(stats.audio_dropped.get(), 0, "{stats}");
+    assert_eq!(stats.audio_out.get(), 50, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_loop_is_interrupted_at_its_cpu_deadline_and_the_session_goes_on() {
+    let rules = CallRules {
+        limits: Limits {
+            cpu_per_call: Duration::from_millis(100),
+            ..Limits::default()
+        },
+        ..CallRules::default()
+    };
+    let host = Host::start("looper", rules).await;
+    let conn = host.connection().await;
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the looper.").await.unwrap();
+
+    let started = Instant::now();
+    call.say("loop");
+    call.say("echo alive");
+    call.expect_say("alive").await.unwrap();
+    // 100 ms of guest time, far from the 60 s wall-clock bound; the margin is for a loaded machine.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "the loop ran for {took:?}");
+
+    let stats = &host.stats;
+    assert_eq!(stats.traps(), 1, "{stats}");
+    assert_eq!(stats.traps_cpu.get(), 1, "{stats}");
+    assert_eq!(stats.restarts.get(), 1, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_hog_is_refused_at_its_cap_and_the_session_goes_on() {
+    let rules = CallRules {
+        limits: Limits {
+            memory_bytes: 16 << 20,
+            ..Limits::default()
+        },
+        ..CallRules::default()
+    };
+    let host = Host::start("hog", rules).await;
+    let conn = host.connection().await;
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the hog.").await.unwrap();
+
+    call.say("grow");
+    call.say("echo alive");
+    call.expect_say("alive").await.unwrap();
+
+    let stats = &host.stats;
+    assert_eq!(stats.traps(), 1, "{stats}");
+    assert_eq!(stats.traps_memory.get(), 1, "{stats}");
+    assert_eq!(stats.restarts.get(), 1, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unbounded_recursion_traps_as_a_stack_overflow_and_the_session_goes_on() {
+    let host = Host::start("recursor", CallRules::default()).await;
+    let conn = host.connection().await;
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the recursor.").await.unwrap();
+
+    call.say("recurse");
+    call.say("echo alive");
+    call.expect_say("alive").await.unwrap();
+
+    let stats = &host.stats;
+    assert_eq!(stats.traps(), 1, "{stats}");
+    assert_eq!(stats.traps_stack.get(), 1, "{stats}");
+    assert_eq!(stats.restarts.get(), 1, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saved_state_is_read_back_by_the_fresh_instance_after_a_trap() {
+    let host = Host::start("conformance", CallRules::default()).await;
+    let conn = host.connection().await;
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+
+    call.say("echo a");
+    call.expect_say("a").await.unwrap();
+    call.say("echo b");
+    call.expect_say("b").await.unwrap();
+    call.say("panic");
+    // The agent saves its counter before it runs the command: "echo a", "echo b", "panic" and "count"
+    // itself make 4, and the 3 before the panic were kept by the host, not by the instance that trapped.
+    call.say("count");
+    call.expect_say("utterances: 4").await.unwrap();
+
+    let stats = &host.stats;
+    assert_eq!(stats.traps_panic.get(), 1, "{stats}");
+    assert_eq!(stats.restarts.get(), 1, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_traps_within_a_minute_hang_up_under_the_default_policy() {
+    let host = Host::start("panicker", CallRules::default()).await;
+    let conn = host.connection().await;
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the panicker.").await.unwrap();
+
+    for _ in 0..3 {
+        call.say("panic");
+    }
+    let tool = call.expect_tool("hangup").await.unwrap();
+    assert!(
+        tool.get("arguments").is_none_or(|a| a.is_null()),
+        "hangup takes no arguments: {tool}"
+    );
+    assert_eq!(ended(&call).await, "agent_hung_up");
+    call.expect_nothing(Duration::from_millis(200))
+        .await
+        .unwrap();
+
+    let stats = &host.stats;
+    assert_eq!(stats.traps_panic.get(), 3, "{stats}");
+    // The third trap is not followed by a fresh instance: the host gave up on the agent for this call.
+    assert_eq!(stats.restarts.get(), 2, "{stats}");
+    assert_eq!(stats.policies_applied.get(), 1, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_traps_within_a_minute_transfer_under_a_transfer_policy() {
+    let rules = CallRules {
+        policy: FailurePolicy::Transfer {
+            kind: "number".into(),
+            value: "+14155550123".into(),
+        },
+        ..CallRules::default()
+    };
+    let host = Host::start("panicker", rules).await;
+    let conn = host.connection().await;
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the panicker.").await.unwrap();
+
+    for _ in 0..3 {
+        call.say("panic");
+    }
+    let tool = call.expect_tool("transfer").await.unwrap();
+    assert_eq!(
+        tool["arguments"],
+        serde_json::json!({"to": {"kind": "number", "value": "+14155550123"}})
+    );
+    assert_eq!(ended(&call).await, "transferred");
+    call.expect_nothing(Duration::from_millis(200))
+        .await
+        .unwrap();
+
+    let stats = &host.stats;
+    assert_eq!(stats.traps_panic.get(), 3, "{stats}");
+    assert_eq!(stats.policies_applied.get(), 1, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_on_one_call_never_reaches_another_call() {
+    let host = Host::start("panicker", CallRules::default()).await;
+    let conn = host.connection().await;
+    let mut trapping = conn.start_text();
+    let mut other = conn.start_text();
+    trapping
+        .expect_say("Hello from the panicker.")
+        .await
+        .unwrap();
+    other.expect_say("Hello from the panicker.").await.unwrap();
+
+    other.say("echo one");
+    trapping.say("panic");
+    other.say("echo two");
+    other.expect_say("one").await.unwrap();
+    other.expect_say("two").await.unwrap();
+    trapping.say("echo back");
+    trapping.expect_say("back").await.unwrap();
+    other.say("echo three");
+    other.expect_say("three").await.unwrap();
+    other
+        .expect_nothing(Duration::from_millis(100))
+        .await
+        .unwrap();
+    trapping
+        .expect_nothing(Duration::from_millis(100))
+        .await
+        .unwrap();
+
+    let stats = &host.stats;
+    assert_eq!(stats.traps(), 1, "{stats}");
+    // Only the trapping call got a fresh instance.
+    assert_eq!(stats.restarts.get(), 1, "{stats}");
+    assert!(other.state().is_some_and(|s| s.ended.is_none()));
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_error_is_counted_and_the_session_goes_on_with_the_same_instance() {
+    let host = Host::start("panicker", CallRules::default()).await;
+    let conn = host.connection().await;
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the panicker.").await.unwrap();
+
+    // "echo " asks to say an empty text: the host refuses it as invalid, and the panicker's `?` turns the
+    // refusal into an `Err` from on-user-said.
+    call.say("echo ");
+    call.say("echo ok");
+    call.expect_say("ok").await.unwrap();
+    call.expect_nothing(Duration::from_millis(100))
+        .await
+        .unwrap();
+
+    let stats = &host.stats;
+    assert_eq!(stats.handler_errors.get(), 1, "{stats}");
+    assert_eq!(stats.traps(), 0, "{stats}");
+    assert_eq!(stats.restarts.get(), 0, "{stats}");
+    host.finish().await;
+}
