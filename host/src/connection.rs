@@ -12,7 +12,7 @@
 use crate::protocol::{frames, Frame, AUDIO_HEADER, SUBPROTOCOL};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
-use sentdm_voice_agents::frames::{ConnectionReady, Pong};
+use sentdm_voice_agents::frames::{self as wire, ConnectionReady};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -175,13 +175,39 @@ pub enum Outgoing {
 /// What Sent sent on the connection, or its end.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Incoming {
-    /// Every valid frame but `ping`, which the connection answers itself. Invalid text is logged and dropped.
-    /// Boxed, so the events of the audio path stay small.
+    /// Every valid frame but `ping`. Invalid text is logged and dropped. Boxed, so the events of the audio
+    /// path stay small.
     Frame(Box<Frame>),
+    /// A `ping`: send its pong once every event before it has been handled, so that the pong tells Sent
+    /// that everything the agent did about earlier frames (a `session.end` above all) has taken effect.
+    Ping(Pong),
     /// A binary audio message of at least [`AUDIO_HEADER`] bytes, as it arrived (stream number, samples).
     Audio(Bytes),
     /// The connection has ended: the last event, exactly once.
     Closed { why: String },
+}
+
+/// The pong owed for one ping.
+#[derive(Debug, Clone)]
+pub struct Pong {
+    text: String,
+    /// Weak, so a pong waiting somewhere never keeps the connection open.
+    outbox: mpsc::WeakUnboundedSender<Outgoing>,
+}
+
+impl PartialEq for Pong {
+    fn eq(&self, other: &Pong) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Pong {
+    /// Queues the pong behind what is already queued.
+    pub fn send(self) {
+        if let Some(outbox) = self.outbox.upgrade() {
+            let _ = outbox.send(Outgoing::Text(self.text));
+        }
+    }
 }
 
 /// A cheap handle that queues messages for one connection's writer.
@@ -438,14 +464,15 @@ enum Read {
 fn read_text(text: &str) -> Read {
     match frames::decode(text) {
         Ok(Frame::ConnectionReady(ready)) => Read::Ready(ready),
-        Ok(Frame::Ping(ping)) => match frames::encode_to_string(&Frame::Pong(Pong { ts: ping.ts }))
-        {
-            Ok(pong) => Read::Ping(pong),
-            Err(e) => {
-                warn!(error = %loggable(&e.message), "cannot answer a ping");
-                Read::Invalid
+        Ok(Frame::Ping(ping)) => {
+            match frames::encode_to_string(&Frame::Pong(wire::Pong { ts: ping.ts })) {
+                Ok(pong) => Read::Ping(pong),
+                Err(e) => {
+                    warn!(error = %loggable(&e.message), "cannot answer a ping");
+                    Read::Invalid
+                }
             }
-        },
+        }
         Ok(frame) => Read::Frame(Box::new(frame)),
         Err(e) => {
             // Only the frame's type, its session and the rule it broke: its contents may hold a token.
@@ -649,12 +676,14 @@ impl Reader {
                     }
                     match message {
                         Message::Text(text) => match read_text(&text) {
-                            Read::Ping(pong) => {
+                            Read::Ping(text) => {
                                 self.pinged.store(true, Ordering::Relaxed);
-                                // In line with what is already queued: a pong tells Sent that everything the
-                                // agent wrote before reading the ping is on the wire.
-                                if let Some(outbox) = self.outbox.upgrade() {
-                                    let _ = outbox.send(Outgoing::Text(pong));
+                                let pong = Pong {
+                                    text,
+                                    outbox: self.outbox.clone(),
+                                };
+                                if !self.events.send(Incoming::Ping(pong)) {
+                                    return self.give_up();
                                 }
                             }
                             Read::Ready(ready) => {

@@ -57,6 +57,8 @@ struct Link {
     attempt: u32,
     events: mpsc::UnboundedSender<(u64, Incoming)>,
     dialed: mpsc::UnboundedSender<Dialed>,
+    /// Dials under way: aborted when the link stops, so a stopped agent never connects again.
+    dialing: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Serves the agent's calls until `stop` turns true. Fails only when Sent refuses the connection for a
@@ -78,6 +80,7 @@ pub async fn serve(
         attempt: 0,
         events,
         dialed,
+        dialing: Vec::new(),
     };
     for _ in 0..link.config.connections.max(1) {
         link.dial(Vec::new(), Duration::ZERO);
@@ -97,6 +100,9 @@ pub async fn serve(
             }
         }
     };
+    for dial in &link.dialing {
+        dial.abort();
+    }
     // Every connection closes with 1000: Sent sends the calls to their fallback at once.
     for conn in link.conns.values() {
         conn.conn.send(Outgoing::Close);
@@ -121,14 +127,15 @@ impl Link {
         let dial = self.config.dial.clone();
         let events = self.events.clone();
         let dialed = self.dialed.clone();
-        tokio::spawn(async move {
+        self.dialing.retain(|dial| !dial.is_finished());
+        self.dialing.push(tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let result = Connection::open(id, &dial, events).await;
             let _ = dialed.send(match result {
                 Ok(conn) => Dialed::Opened(conn, carry),
                 Err(error) => Dialed::Failed(error, carry),
             });
-        });
+        }));
     }
 
     fn on_dialed(&mut self, dialed: Dialed) -> Result<(), ConnectError> {
@@ -177,6 +184,8 @@ impl Link {
 
     fn on_event(&mut self, id: u64, event: Incoming) {
         match event {
+            // Everything before the ping has been handled: the pong may go.
+            Incoming::Ping(pong) => pong.send(),
             Incoming::Frame(frame) => self.on_frame(id, *frame),
             Incoming::Audio(message) => self.on_audio(id, &message),
             Incoming::Closed { why } => self.on_closed(id, &why),

@@ -66,7 +66,15 @@ struct RunArgs {
     on_repeated_traps: String,
 }
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(error) = start() {
+        // The cause chain, without a backtrace: a refusal or a bad component is the user's to fix.
+        eprintln!("voicehost: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn start() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

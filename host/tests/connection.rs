@@ -34,10 +34,25 @@ fn dial(sim: &Sim) -> Dial {
 
 /// Opens connection `id` to the simulator and returns it, its events and the simulator's handle on it.
 async fn open(sim: &Sim, id: u64) -> (Connection, Events, ConnHandle) {
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, mut raw) = mpsc::unbounded_channel();
     let conn = Connection::open(id, &dial(sim), tx)
         .await
         .expect("the connection opens");
+    // Plays the consumer's part for pings, as the link does: each pong goes once the events before it are
+    // read. Everything else is passed on; a test that drops its events ends this task too.
+    let (forward, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some((id, event)) = raw.recv().await {
+            match event {
+                Incoming::Ping(pong) => pong.send(),
+                event => {
+                    if forward.send((id, event)).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
     let opened = sim
         .recorder()
         .since(0, |r| matches!(r.what, What::Opened))
@@ -347,7 +362,7 @@ async fn a_connection_becomes_ready_with_the_configured_heartbeat_and_max_sessio
 }
 
 #[tokio::test]
-async fn pings_are_answered_with_a_pong_of_the_same_ts_and_not_forwarded() {
+async fn pings_are_answered_with_a_pong_of_the_same_ts_once_the_consumer_has_read_them() {
     let sim = Sim::start_local(config(15_000)).await.unwrap();
     let (_conn, mut events, handle) = open(&sim, 1).await;
     for _ in 0..3 {
@@ -501,6 +516,10 @@ async fn binary_messages_too_short_for_a_stream_number_are_dropped() {
             other => panic!("expected {size} bytes of audio, got {other:?}"),
         }
     }
+    match next_event(&mut events).await {
+        (3, Incoming::Ping(pong)) => pong.send(),
+        other => panic!("expected the ping, got {other:?}"),
+    }
     let why = expect_closed(&mut events, WAIT).await;
     assert!(why.contains("closed by Sent with 1000"), "{why}");
     server.await.unwrap();
@@ -620,7 +639,11 @@ async fn dropping_every_handle_closes_with_1001_so_sessions_stay_resumable() {
 #[tokio::test]
 async fn a_connection_whose_events_nobody_reads_closes_with_1001() {
     let sim = Sim::start_local(config(15_000)).await.unwrap();
-    let (conn, events, handle) = open(&sim, 1).await;
+    let (tx, events) = mpsc::unbounded_channel();
+    let conn = Connection::open(1, &dial(&sim), tx)
+        .await
+        .expect("the connection opens");
+    let handle = sim.conn(1);
     drop(events);
     let _call = handle.start_text();
     let how = handle.closed(WAIT).await.unwrap();

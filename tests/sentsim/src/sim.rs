@@ -432,8 +432,8 @@ impl Sim {
         }
     }
 
-    /// Ends every live session with `caller_hung_up` and forgets detached ones: a clean slate for the next
-    /// scenario on the same agent.
+    /// Ends every live session with `caller_hung_up`, forgets detached ones and drops unused connection
+    /// plans: a clean slate for the next scenario on the same agent.
     pub fn end_all(&self) {
         let ids: Vec<String> = self.state().sessions.keys().cloned().collect();
         for id in ids {
@@ -451,6 +451,8 @@ impl Sim {
         for conn in state.conns.values_mut() {
             conn.sessions.clear();
         }
+        // A plan a scenario made but its agent never used must not fall on the next scenario.
+        state.plans.clear();
     }
 
     // ----- the socket -----
