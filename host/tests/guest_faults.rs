@@ -380,3 +380,31 @@ async fn a_handler_error_is_counted_and_the_session_goes_on_with_the_same_instan
     assert_eq!(stats.restarts.get(), 0, "{stats}");
     host.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_in_tool_for_sent_does_not_count_against_the_cpu_deadline() {
+    let rules = CallRules {
+        limits: Limits {
+            cpu_per_call: Duration::from_millis(50),
+            ..Limits::default()
+        },
+        ..CallRules::default()
+    };
+    let host = Host::start("conformance", rules).await;
+    let conn = host.connection().await;
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    call.plan_tool("hold", sentsim::ToolPlan::Hold);
+    call.say("hold");
+    let tool = call.expect_tool("hold").await.unwrap();
+    // The handler waits in `tool` ten times its CPU budget before Sent answers.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    call.answer(tool["call_ref"].as_str().unwrap(), "hold", None);
+    call.say("echo still the same instance");
+    call.expect_say("still the same instance").await.unwrap();
+    assert_eq!(host.stats.traps(), 0, "{}", host.stats);
+    assert_eq!(host.stats.restarts.get(), 0);
+    host.finish().await;
+}
