@@ -3,94 +3,14 @@
 //! was saved), applies the failure policy when the traps keep coming, and breaks no protocol rule meanwhile.
 //! Everything runs on loopback against the Sent simulator.
 
-use sentsim::{Call, ConnHandle, Sim, SimConfig};
-use std::sync::{Arc, OnceLock};
+use crate::harness::Host;
+use sentsim::Call;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use voicehost::connection::{ConnectError, Dial};
-use voicehost::link::{self, AgentConfig};
-use voicehost::sandbox::{Limits, Sandbox};
+use voicehost::sandbox::Limits;
 use voicehost::session::{CallRules, FailurePolicy};
-use voicehost::stats::Stats;
 
 /// 20 ms of 16-bit mono audio at 16000 Hz.
 const FRAME_BYTES: usize = 640;
-
-/// One engine for every test in this file: each one reserves a pool of instance slots, so a test does not
-/// need its own.
-fn sandbox() -> &'static Sandbox {
-    static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
-    SANDBOX.get_or_init(|| Sandbox::new().expect("the sandbox starts"))
-}
-
-fn guest(name: &str) -> Vec<u8> {
-    let path = format!("{}/{name}.wasm", env!("VOICEHOST_GUESTS"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-/// The simulator and a host serving one example agent on it.
-struct Host {
-    sim: Sim,
-    stats: Arc<Stats>,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<Result<(), ConnectError>>,
-}
-
-impl Host {
-    async fn start(agent: &str, rules: CallRules) -> Host {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let sim = Sim::start_local(SimConfig {
-            heartbeat_interval_ms: 1000,
-            ..SimConfig::default()
-        })
-        .await
-        .unwrap();
-        let code = sandbox().load(&guest(agent)).unwrap();
-        let config = AgentConfig {
-            dial: Dial::new(
-                sim.url(),
-                sentsim::sim::CONFORMANCE_AGENT,
-                sentsim::sim::CONFORMANCE_KEY,
-            ),
-            code,
-            rules,
-            connections: 1,
-        };
-        let (stop, stopped) = watch::channel(false);
-        let stats = Arc::new(Stats::default());
-        let task = tokio::spawn(link::serve(config, stats.clone(), stopped));
-        Host {
-            sim,
-            stats,
-            stop,
-            task,
-        }
-    }
-
-    async fn connection(&self) -> ConnHandle {
-        self.sim.connection().await.unwrap()
-    }
-
-    /// Checks the host broke no protocol rule, stops it and the simulator.
-    async fn finish(self) {
-        let violations = self.sim.violations_since(0);
-        assert!(
-            violations.is_empty(),
-            "the host broke protocol rules: {violations:#?}"
-        );
-        let _ = self.stop.send(true);
-        let stopped = tokio::time::timeout(Duration::from_secs(5), self.task)
-            .await
-            .expect("the host stops when told to")
-            .expect("the host's task did not panic");
-        assert!(stopped.is_ok(), "the host stopped with {stopped:?}");
-        self.sim.shutdown();
-    }
-}
 
 /// Audio frame `n`: 320 samples no other frame has.
 fn audio_frame(n: usize) -> Vec<u8> {

@@ -1,0 +1,99 @@
+//! What the end-to-end tests share: one sandbox, the example agents, and a host serving one of them against
+//! the Sent simulator on loopback.
+
+use sentsim::{ConnHandle, Sim, SimConfig};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use voicehost::connection::{ConnectError, Dial};
+use voicehost::link::{self, AgentConfig};
+use voicehost::sandbox::Sandbox;
+use voicehost::session::CallRules;
+use voicehost::stats::Stats;
+
+/// One engine for every test in this file: each one reserves a pool of instance slots, so a test does not
+/// need its own.
+pub fn sandbox() -> &'static Sandbox {
+    static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
+    SANDBOX.get_or_init(|| Sandbox::new().expect("the sandbox starts"))
+}
+
+pub fn guest(name: &str) -> Vec<u8> {
+    let path = format!("{}/{name}.wasm", env!("VOICEHOST_GUESTS"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The simulator and a host serving one example agent on it.
+pub struct Host {
+    pub sim: Sim,
+    pub stats: Arc<Stats>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), ConnectError>>,
+}
+
+impl Host {
+    pub async fn start(agent: &str, rules: CallRules) -> Host {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let sim = Sim::start_local(SimConfig {
+            heartbeat_interval_ms: 1000,
+            ..SimConfig::default()
+        })
+        .await
+        .unwrap();
+        let code = sandbox().load(&guest(agent)).unwrap();
+        let config = AgentConfig {
+            dial: Dial::new(
+                sim.url(),
+                sentsim::sim::CONFORMANCE_AGENT,
+                sentsim::sim::CONFORMANCE_KEY,
+            ),
+            code,
+            rules,
+            connections: 1,
+        };
+        let (stop, stopped) = watch::channel(false);
+        let stats = Arc::new(Stats::default());
+        let task = tokio::spawn(link::serve(config, stats.clone(), stopped));
+        Host {
+            sim,
+            stats,
+            stop,
+            task,
+        }
+    }
+
+    pub async fn connection(&self) -> ConnHandle {
+        self.sim.connection().await.unwrap()
+    }
+
+    /// Waits for the host to stop on its own (a fatal refusal), and returns why.
+    pub async fn stopped(self) -> Result<(), ConnectError> {
+        let result = tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("the host did not stop")
+            .expect("the host's task did not panic");
+        let _ = self.stop.send(true);
+        self.sim.shutdown();
+        result
+    }
+
+    /// Checks the host broke no protocol rule, stops it and the simulator.
+    pub async fn finish(self) {
+        let violations = self.sim.violations_since(0);
+        assert!(
+            violations.is_empty(),
+            "the host broke protocol rules: {violations:#?}"
+        );
+        let _ = self.stop.send(true);
+        let stopped = tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("the host stops when told to")
+            .expect("the host's task did not panic");
+        assert!(stopped.is_ok(), "the host stopped with {stopped:?}");
+        self.sim.shutdown();
+    }
+}
