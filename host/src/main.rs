@@ -48,6 +48,9 @@ struct RunArgs {
     /// A file holding the API key (instead of the SENT_API_KEY environment variable).
     #[arg(long)]
     api_key_file: Option<PathBuf>,
+    /// Where to keep compiled components by content hash, so a restart does not compile again.
+    #[arg(long, env = "VOICEHOST_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
     /// Connections to hold at once.
     #[arg(long, default_value_t = 1)]
     connections: usize,
@@ -116,7 +119,10 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     let wasm = std::fs::read(&args.agent)
         .with_context(|| format!("cannot read {}", args.agent.display()))?;
-    let sandbox = Sandbox::new()?;
+    let mut sandbox = Sandbox::new()?;
+    if let Some(dir) = &args.cache_dir {
+        sandbox = sandbox.with_cache(dir);
+    }
     let code = sandbox
         .load(&wasm)
         .with_context(|| format!("{} cannot serve as an agent", args.agent.display()))?;

@@ -5,7 +5,10 @@
 //! `InstancePre`; the session then calls `on-restart`.
 
 use anyhow::{Context as _, Result};
+use sha2::{Digest, Sha256};
 use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -95,6 +98,8 @@ pub trait Calls: Send + Sync + 'static {
 pub struct Sandbox {
     engine: Engine,
     linker: Arc<Linker<HostState>>,
+    /// Where compiled components are kept, by content hash, when set.
+    cache: Option<PathBuf>,
 }
 
 impl Sandbox {
@@ -132,7 +137,15 @@ impl Sandbox {
         Ok(Sandbox {
             engine,
             linker: Arc::new(linker),
+            cache: None,
         })
+    }
+
+    /// Keeps what it compiles in `dir`, by the hash of the component and of the engine's settings, so a
+    /// large component (Python, JavaScript) is compiled once per host, not once per start.
+    pub fn with_cache(mut self, dir: impl Into<PathBuf>) -> Sandbox {
+        self.cache = Some(dir.into());
+        self
     }
 
     /// Compiles an agent's component on this host (a precompiled artifact from outside is never loaded)
@@ -141,9 +154,7 @@ impl Sandbox {
         if wasm.get(..8) == Some(&[0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00]) {
             anyhow::bail!("this is a core WebAssembly module, not a component");
         }
-        let component = Component::from_binary(&self.engine, wasm)
-            .map_err(anyhow::Error::from)
-            .context("the agent is not a valid WebAssembly component")?;
+        let (component, cached) = self.compile(wasm)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -155,7 +166,43 @@ impl Sandbox {
         Ok(AgentCode {
             engine: self.engine.clone(),
             pre,
+            cached,
         })
+    }
+
+    /// The component, from the cache when this host compiled the same bytes before (then `true`).
+    fn compile(&self, wasm: &[u8]) -> Result<(Component, bool)> {
+        let path = self.cache.as_ref().map(|dir| {
+            let mut settings = std::collections::hash_map::DefaultHasher::new();
+            self.engine
+                .precompile_compatibility_hash()
+                .hash(&mut settings);
+            let digest: String = Sha256::digest(wasm)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            dir.join(format!("{digest}-{:016x}.cwasm", settings.finish()))
+        });
+        if let Some(path) = path.as_ref().filter(|p| p.exists()) {
+            // SAFETY: only this host writes this directory, with `Component::serialize` of what it compiled
+            // itself, under the hash of the source and of the engine's settings. Nothing from outside is
+            // ever deserialized: an upload is always compiled here.
+            match unsafe { Component::deserialize_file(&self.engine, path) } {
+                Ok(component) => return Ok((component, true)),
+                Err(error) => {
+                    tracing::warn!(path = %path.display(), %error, "a cached component is unusable: compiling again")
+                }
+            }
+        }
+        let component = Component::from_binary(&self.engine, wasm)
+            .map_err(anyhow::Error::from)
+            .context("the agent is not a valid WebAssembly component")?;
+        if let Some(path) = path {
+            if let Err(error) = store_atomically(&path, &component) {
+                tracing::warn!(path = %path.display(), error = %format!("{error:#}"), "could not cache a compiled component");
+            }
+        }
+        Ok((component, false))
     }
 
     pub fn engine(&self) -> &Engine {
@@ -168,6 +215,26 @@ impl Sandbox {
 pub struct AgentCode {
     engine: Engine,
     pre: bindings::AgentPre<HostState>,
+    cached: bool,
+}
+
+impl AgentCode {
+    /// Whether the compiled code came from the cache rather than a compilation.
+    pub fn from_cache(&self) -> bool {
+        self.cached
+    }
+}
+
+/// Writes a compiled component next to its final name, then renames it: a reader never sees half a file.
+fn store_atomically(path: &Path, component: &Component) -> Result<()> {
+    let bytes = component.serialize().map_err(anyhow::Error::from)?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let partial = path.with_extension(format!("partial-{}", std::process::id()));
+    std::fs::write(&partial, bytes)?;
+    std::fs::rename(&partial, path)?;
+    Ok(())
 }
 
 /// The state of one Store: WASI, the call's side, and the meters behind the limits.

@@ -1,0 +1,44 @@
+//! The compiled-component cache: a component is compiled once per host and read back by content hash; a
+//! damaged entry is compiled again, never trusted.
+
+use crate::harness::guest;
+use voicehost::sandbox::Sandbox;
+
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn a_component_is_compiled_once_then_read_back_from_the_cache() {
+    let dir = fresh_dir("cache-once");
+    let sandbox = Sandbox::new().unwrap().with_cache(&dir);
+    let wasm = guest("conformance");
+    assert!(!sandbox.load(&wasm).unwrap().from_cache());
+    assert!(sandbox.load(&wasm).unwrap().from_cache());
+    // Another component is another entry.
+    assert!(!sandbox.load(&guest("panicker")).unwrap().from_cache());
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+}
+
+#[test]
+fn a_damaged_cache_entry_is_compiled_again() {
+    let dir = fresh_dir("cache-damaged");
+    let sandbox = Sandbox::new().unwrap().with_cache(&dir);
+    let wasm = guest("conformance");
+    sandbox.load(&wasm).unwrap();
+    let entry = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::write(&entry, b"not a compiled component").unwrap();
+    let code = sandbox.load(&wasm).unwrap();
+    assert!(!code.from_cache());
+    assert!(
+        sandbox.load(&wasm).unwrap().from_cache(),
+        "the entry was not rewritten"
+    );
+}
