@@ -16,7 +16,13 @@ use voicehost::stats::Stats;
 /// need its own.
 pub fn sandbox() -> &'static Sandbox {
     static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
-    SANDBOX.get_or_init(|| Sandbox::new().expect("the sandbox starts"))
+    SANDBOX.get_or_init(|| {
+        // Large components (Python, JavaScript) are compiled once across test runs.
+        let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("components");
+        Sandbox::new()
+            .expect("the sandbox starts")
+            .with_cache(cache)
+    })
 }
 
 pub fn guest(name: &str) -> Vec<u8> {
@@ -33,7 +39,13 @@ pub struct Host {
 }
 
 impl Host {
+    /// A host serving the example agent `agent` (built by build.rs).
     pub async fn start(agent: &str, rules: CallRules) -> Host {
+        Host::serve(&guest(agent), rules).await
+    }
+
+    /// A host serving the component `wasm`.
+    pub async fn serve(wasm: &[u8], rules: CallRules) -> Host {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
@@ -44,7 +56,7 @@ impl Host {
         })
         .await
         .unwrap();
-        let code = sandbox().load(&guest(agent)).unwrap();
+        let code = sandbox().load(wasm).expect("the component loads");
         let config = AgentConfig {
             dial: Dial::new(
                 sim.url(),
