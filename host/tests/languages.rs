@@ -46,3 +46,15 @@ async fn suite_passes(lang: &str, file: &str) {
 async fn the_python_conformance_agent_passes_every_scenario() {
     suite_passes("python", "conformance.wasm").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the JavaScript toolchain: scripts/test builds the agent and runs this"]
+async fn the_javascript_conformance_agent_on_quickjs_passes_every_scenario() {
+    suite_passes("js", "conformance-qjs.wasm").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the JavaScript toolchain: scripts/test builds the agent and runs this"]
+async fn the_javascript_conformance_agent_on_starlingmonkey_passes_every_scenario() {
+    suite_passes("js", "conformance.wasm").await;
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the JavaScript conformance agent (app.js) into voicehost components:
+#   target/guests/js/conformance.wasm      StarlingMonkey (SpiderMonkey), via componentize-js
+#   target/guests/js/conformance-qjs.wasm  QuickJS, via componentize-qjs
+# Usage: examples/js/build.sh [all|starlingmonkey|quickjs]   (default: all; runnable from any directory)
+# The toolchains come from package-lock.json (npm ci into examples/js/node_modules, once).
+set -euo pipefail
+
+variant=${1:-all}
+case "$variant" in
+    all | starlingmonkey | quickjs) ;;
+    *) echo "usage: $0 [all|starlingmonkey|quickjs]" >&2; exit 2 ;;
+esac
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+wit="$root/wit"
+out="$root/target/guests/js"
+bin="$here/node_modules/.bin"
+
+command -v npm > /dev/null || { echo "build.sh: node and npm are needed (Node 18 or later)" >&2; exit 1; }
+
+# Install the pinned toolchains when they are missing or older than the lockfile.
+if [[ ! -x "$bin/componentize-js" || ! -x "$bin/componentize-qjs" \
+    || "$here/package-lock.json" -nt "$here/node_modules/.package-lock.json" ]]; then
+    (cd "$here" && npm ci --no-audit --no-fund)
+fi
+
+mkdir -p "$out"
+cd "$here"
+
+# Each tool writes to a temporary file first, so a failed build never leaves a half-written component.
+if [[ "$variant" != quickjs ]]; then
+    # -d http fetch-event: voicehost does not provide wasi:http, so StarlingMonkey must not import it.
+    "$bin/componentize-js" app.js --wit "$wit" --world-name agent --disable http fetch-event \
+        --out "$out/conformance.wasm.tmp"
+    mv "$out/conformance.wasm.tmp" "$out/conformance.wasm"
+    echo "wrote $out/conformance.wasm ($(wc -c < "$out/conformance.wasm") bytes)"
+fi
+if [[ "$variant" != starlingmonkey ]]; then
+    # --sync: voicehost's wasmtime has no component-model-async, which the default QuickJS runtime needs.
+    "$bin/componentize-qjs" --wit "$wit" --js app.js --world agent --sync \
+        --output "$out/conformance-qjs.wasm.tmp" > /dev/null
+    mv "$out/conformance-qjs.wasm.tmp" "$out/conformance-qjs.wasm"
+    echo "wrote $out/conformance-qjs.wasm ($(wc -c < "$out/conformance-qjs.wasm") bytes)"
+fi
