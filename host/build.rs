@@ -7,8 +7,19 @@ use std::process::Command;
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_path_buf();
-    for watched in ["examples", "guest-sdk", "wit"] {
-        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+    // Only the Rust agents: the other languages' folders hold their own toolchains (node_modules).
+    let rust_agents = ["conformance", "panicker", "looper", "hog", "recursor"];
+    let watched = [
+        "guest-sdk",
+        "wit",
+        "examples/Cargo.toml",
+        "examples/Cargo.lock",
+    ]
+    .into_iter()
+    .map(String::from)
+    .chain(rust_agents.iter().map(|agent| format!("examples/{agent}")));
+    for path in watched {
+        println!("cargo:rerun-if-changed={}", root.join(path).display());
     }
     let target_dir = root.join("target").join("guests");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

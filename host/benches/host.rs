@@ -93,6 +93,41 @@ fn main() -> Result<()> {
     })?;
     drop(micro);
 
+    // The same conformance agent in every language that is built (scripts/test builds them all).
+    let guests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/guests");
+    let languages = [
+        (
+            "Rust",
+            format!("{}/conformance.wasm", env!("VOICEHOST_GUESTS")),
+        ),
+        ("C", guests.join("c/conformance.wasm").display().to_string()),
+        (
+            "JavaScript (QuickJS)",
+            guests.join("js/conformance-qjs.wasm").display().to_string(),
+        ),
+        (
+            "JavaScript (StarlingMonkey)",
+            guests.join("js/conformance.wasm").display().to_string(),
+        ),
+        (
+            "Python",
+            guests.join("python/conformance.wasm").display().to_string(),
+        ),
+    ];
+    let micro = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    for (name, path) in languages {
+        let Ok(wasm) = std::fs::read(&path) else {
+            eprintln!("language: {name}: {path} is not built, left out");
+            continue;
+        };
+        eprintln!("language: {name}");
+        let row = micro.block_on(language(&sandbox, name, &wasm))?;
+        report.languages.push(row);
+    }
+    drop(micro);
+
     // The simulator and the bench's clock run here; each agent gets a runtime of its own per run.
     let driver = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -600,8 +635,62 @@ impl EchoRow {
     }
 }
 
+/// One language's conformance agent, measured the same way as the others.
+struct LanguageRow {
+    name: &'static str,
+    size: usize,
+    compile: Duration,
+    instantiate: Summary,
+    per_instance: f64,
+    audio_call: Summary,
+}
+
+/// Instances per language for the instantiation and memory figures (a Python instance is ~4 MiB).
+const LANGUAGE_INSTANCES: usize = 50;
+/// Echoed audio frames per language for the per-frame CPU figure.
+const LANGUAGE_CALLS: usize = 2000;
+
+async fn language(sandbox: &Sandbox, name: &'static str, wasm: &[u8]) -> Result<LanguageRow> {
+    let t = Instant::now();
+    let code = sandbox.load(wasm)?;
+    let compile = t.elapsed();
+    let audio = audio_event();
+    let mut warm = Instance::new(&code, Quiet::calls(), Limits::default()).await?;
+    expect_ok(&mut warm, &audio).await?;
+    let before = rss_bytes().ok_or_else(|| anyhow!("no VmRSS"))?;
+    let mut live = Vec::with_capacity(LANGUAGE_INSTANCES);
+    let mut new = Vec::with_capacity(LANGUAGE_INSTANCES);
+    for _ in 0..LANGUAGE_INSTANCES {
+        let t = Instant::now();
+        let mut instance = Instance::new(&code, Quiet::calls(), Limits::default()).await?;
+        new.push(t.elapsed());
+        expect_ok(&mut instance, &audio).await?;
+        live.push(instance);
+    }
+    let after = rss_bytes().ok_or_else(|| anyhow!("no VmRSS"))?;
+    drop(live);
+    for _ in 0..100 {
+        expect_ok(&mut warm, &audio).await?;
+    }
+    let mut took = Vec::with_capacity(LANGUAGE_CALLS);
+    for _ in 0..LANGUAGE_CALLS {
+        let t = Instant::now();
+        expect_ok(&mut warm, &audio).await?;
+        took.push(t.elapsed());
+    }
+    Ok(LanguageRow {
+        name,
+        size: wasm.len(),
+        compile,
+        instantiate: summarize(&new).ok_or_else(|| anyhow!("no samples"))?,
+        per_instance: after.saturating_sub(before) as f64 / LANGUAGE_INSTANCES as f64,
+        audio_call: summarize(&took).ok_or_else(|| anyhow!("no samples"))?,
+    })
+}
+
 #[derive(Default)]
 struct Report {
+    languages: Vec<LanguageRow>,
     micro: Vec<(String, Summary)>,
     memory: Option<Memory>,
     echo: Vec<EchoRow>,
@@ -649,6 +738,31 @@ impl Report {
                 m.after as f64 / 1048576.0,
                 m.instances
             );
+        }
+
+        if !self.languages.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n### The conformance agent per language ({LANGUAGE_INSTANCES} instances, {LANGUAGE_CALLS} echoed frames each)\n"
+            );
+            let _ = writeln!(
+                out,
+                "| language | component | compile (once, uncached) | instantiation p50 | memory per live call | CPU per echoed 20 ms frame, p50 | p99 |"
+            );
+            let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+            for row in &self.languages {
+                let _ = writeln!(
+                    out,
+                    "| {} | {:.2} MB | {} | {} | {:.0} KiB | {} | {} |",
+                    row.name,
+                    row.size as f64 / 1e6,
+                    show(row.compile),
+                    show(row.instantiate.p50),
+                    row.per_instance / 1024.0,
+                    show(row.audio_call.p50),
+                    show(row.audio_call.p99)
+                );
+            }
         }
 
         let _ = writeln!(

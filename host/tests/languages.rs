@@ -58,3 +58,9 @@ async fn the_javascript_conformance_agent_on_quickjs_passes_every_scenario() {
 async fn the_javascript_conformance_agent_on_starlingmonkey_passes_every_scenario() {
     suite_passes("js", "conformance.wasm").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the C toolchain: scripts/test builds the agent and runs this"]
+async fn the_c_conformance_agent_passes_every_scenario() {
+    suite_passes("c", "conformance.wasm").await;
+}
