@@ -7,6 +7,7 @@
 pub mod connection;
 pub mod link;
 pub mod protocol;
+pub mod registry;
 pub mod sandbox;
 pub mod session;
 pub mod stats;

@@ -5,7 +5,6 @@
 //! `InstancePre`; the session then calls `on-restart`.
 
 use anyhow::{Context as _, Result};
-use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -177,11 +176,8 @@ impl Sandbox {
             self.engine
                 .precompile_compatibility_hash()
                 .hash(&mut settings);
-            let digest: String = Sha256::digest(wasm)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            dir.join(format!("{digest}-{:016x}.cwasm", settings.finish()))
+            let digest = crate::registry::Digest::of(wasm);
+            dir.join(format!("{}-{:016x}.cwasm", digest.hex(), settings.finish()))
         });
         if let Some(path) = path.as_ref().filter(|p| p.exists()) {
             // SAFETY: only this host writes this directory, with `Component::serialize` of what it compiled
@@ -231,9 +227,7 @@ fn store_atomically(path: &Path, component: &Component) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let partial = path.with_extension(format!("partial-{}", std::process::id()));
-    std::fs::write(&partial, bytes)?;
-    std::fs::rename(&partial, path)?;
+    crate::registry::write_atomically(path, &bytes)?;
     Ok(())
 }
 
