@@ -4,12 +4,13 @@
 //! SDK's own API, so each scenario that should catch it is seen to have teeth.
 
 use sentdm_voice_agents::conformance::ConformanceHandler;
-use sentdm_voice_agents::{Agent, Handler, Options, Session};
+use sentdm_voice_agents::{Agent, Handler, Options, Refused, Session};
 use sentsim::scenarios::SCENARIOS;
 use sentsim::suite::{self, Ctx, Poke, Profile};
 use sentsim::{Sim, SimConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use tokio::task::JoinHandle;
 
 fn config() -> SimConfig {
     SimConfig {
@@ -18,16 +19,31 @@ fn config() -> SimConfig {
     }
 }
 
-/// The official SDK serving `handler` against the simulator.
-fn sdk_agent<H: Handler>(sim: &Sim, handler: H) -> Agent<H> {
-    Agent::new(
+/// A simulator with the official SDK serving `handler` on it, the agent, its running task, and the
+/// suite's context (with `poke` when the test makes the agent act on its own).
+async fn serve_sdk<H: Handler>(
+    handler: H,
+    poke: Option<Arc<dyn Poke>>,
+) -> (Agent<H>, JoinHandle<Result<(), Refused>>, Ctx) {
+    let sim = Sim::start_local(config()).await.unwrap();
+    let agent = Agent::new(
         Options::new(
             sentsim::sim::CONFORMANCE_KEY,
             sentsim::sim::CONFORMANCE_AGENT,
         )
         .with_url(sim.url()),
         handler,
-    )
+    );
+    let running = tokio::spawn({
+        let agent = agent.clone();
+        async move { agent.run().await }
+    });
+    let ctx = Ctx {
+        sim,
+        profile: SDK_PROFILE,
+        poke,
+    };
+    (agent, running, ctx)
 }
 
 // The SDK deadlocks with several concurrent audio sessions: its runs keep audio to one session at a time.
@@ -42,17 +58,7 @@ async fn the_official_conformance_agent_passes_every_scenario() {
         .with_test_writer()
         .try_init();
     let filter = std::env::var("SENTSIM_FILTER").unwrap_or_default();
-    let sim = Sim::start_local(config()).await.unwrap();
-    let agent = sdk_agent(&sim, ConformanceHandler);
-    let running = tokio::spawn({
-        let agent = agent.clone();
-        async move { agent.run().await }
-    });
-    let ctx = Ctx {
-        sim: sim.clone(),
-        profile: SDK_PROFILE,
-        poke: None,
-    };
+    let (agent, running, ctx) = serve_sdk(ConformanceHandler, None).await;
     let report = suite::run(&ctx, &filter).await;
     println!("{report}");
     if !filter.is_empty() {
@@ -66,7 +72,7 @@ async fn the_official_conformance_agent_passes_every_scenario() {
     let refused = stopped.expect("the SDK did not stop after a 401").unwrap();
     assert_eq!(refused.map_err(|r| r.status), Err(401));
     agent.stop();
-    sim.shutdown();
+    ctx.sim.shutdown();
 }
 
 /// The conformance handler, unchanged, plus a record of every session it saw, so a test can make the agent
@@ -112,25 +118,15 @@ impl Poke for Seen {
 
 /// Runs one scenario against the SDK with pokes, and returns its outcome.
 async fn poked(name: &str) -> suite::Outcome {
-    let sim = Sim::start_local(config()).await.unwrap();
     let seen = Seen::default();
-    let agent = sdk_agent(&sim, Tracking(seen.clone()));
-    tokio::spawn({
-        let agent = agent.clone();
-        async move { agent.run().await }
-    });
-    let ctx = Ctx {
-        sim: sim.clone(),
-        profile: SDK_PROFILE,
-        poke: Some(Arc::new(seen)),
-    };
+    let (agent, _, ctx) = serve_sdk(Tracking(seen.clone()), Some(Arc::new(seen))).await;
     let scenario = SCENARIOS
         .iter()
         .find(|s| s.name == name)
         .expect("a scenario");
     let outcome = suite::run_one(&ctx, scenario).await;
     agent.stop();
-    sim.shutdown();
+    ctx.sim.shutdown();
     outcome
 }
 
@@ -187,17 +183,7 @@ impl Handler for Sloppy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scenarios_fail_an_agent_that_breaks_the_conformance_table() {
-    let sim = Sim::start_local(config()).await.unwrap();
-    let agent = sdk_agent(&sim, Sloppy);
-    tokio::spawn({
-        let agent = agent.clone();
-        async move { agent.run().await }
-    });
-    let ctx = Ctx {
-        sim: sim.clone(),
-        profile: SDK_PROFILE,
-        poke: None,
-    };
+    let (agent, _, ctx) = serve_sdk(Sloppy, None).await;
     let mut verdicts = Vec::new();
     for name in [
         "greeting",
@@ -212,7 +198,7 @@ async fn the_scenarios_fail_an_agent_that_breaks_the_conformance_table() {
         verdicts.push((name, outcome.passed));
     }
     agent.stop();
-    sim.shutdown();
+    ctx.sim.shutdown();
     assert_eq!(
         verdicts,
         [
