@@ -194,6 +194,10 @@ struct Sess {
     pretend_received: Option<usize>,
     /// A `session.resume` arrived on this connection and is not answered yet.
     resuming: Option<u32>,
+    /// The connection the session was on before its last resume: frames the agent sent there before it
+    /// moved may still arrive (no order holds across sockets); they are refused, and the agent's replay
+    /// brings them again.
+    moved_from: Option<u32>,
     ended: Option<String>,
     lost: bool,
     tools: HashMap<String, ToolPlan>,
@@ -770,6 +774,10 @@ impl Sim {
         let recorder = &self.inner.recorder;
         let session_id = frame.session_id().unwrap_or_default().to_string();
         let frame_type = frame.frame_type().to_string();
+        let in_flight = state
+            .sessions
+            .get(&session_id)
+            .is_some_and(|s| s.live() && s.conn != Some(id) && s.moved_from == Some(id));
         let refusal = match state.sessions.get(&session_id) {
             None => Some(("frame_not_allowed", "no such session".to_string(), true)),
             Some(sess) if sess.resuming.is_some() => Some((
@@ -780,7 +788,7 @@ impl Sim {
             Some(sess) if sess.conn != Some(id) && sess.live() => Some((
                 "frame_not_allowed",
                 "the session is not on this connection".into(),
-                true,
+                !in_flight,
             )),
             // The agent may not have read session.end yet: refused, but no fault of the agent's.
             Some(sess) if !sess.live() => {
@@ -806,7 +814,9 @@ impl Sim {
         };
         if let Some((code, message, fault)) = refusal {
             let text = frame.json.to_string();
-            recorder.push(id, Dir::FromAgent, Some(&session_id), What::Raw { text });
+            // A frame still in flight on the old connection is no frame of the session's: the replay is.
+            let owner = (!in_flight).then_some(session_id.as_str());
+            recorder.push(id, Dir::FromAgent, owner, What::Raw { text });
             if fault {
                 recorder.violation(id, Some(&session_id), format!("{frame_type}: {message}"));
             }
@@ -950,6 +960,7 @@ impl Sim {
         };
         sess.resuming = None;
         let old = sess.conn.take();
+        sess.moved_from = old;
         let old_stream = sess.stream.take();
         let ended = sess.ended.is_some();
         let kind = sess.kind;
@@ -1196,6 +1207,7 @@ impl Sim {
                 received: 0,
                 pretend_received: None,
                 resuming: None,
+                moved_from: None,
                 ended: None,
                 lost: false,
                 tools: HashMap::new(),
