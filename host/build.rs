@@ -8,7 +8,14 @@ fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_path_buf();
     // Only the Rust agents: the other languages' folders hold their own toolchains (node_modules).
-    let rust_agents = ["conformance", "panicker", "looper", "hog", "recursor"];
+    let rust_agents = [
+        "conformance",
+        "panicker",
+        "looper",
+        "hog",
+        "recursor",
+        "llm",
+    ];
     let watched = [
         "guest-sdk",
         "wit",

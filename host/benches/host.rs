@@ -476,12 +476,12 @@ fn start_agent(peer: Peer, url: String, code: &AgentCode) -> Result<Running> {
     let runtime = agent_runtime()?;
     let stop: Box<dyn FnOnce() + Send> = match peer {
         Peer::Voicehost => {
-            let config = AgentConfig {
-                dial: Dial::new(url, CONFORMANCE_AGENT, CONFORMANCE_KEY),
-                code: code.clone(),
-                rules: CallRules::default(),
-                connections: 1,
-            };
+            let config = AgentConfig::fixed(
+                Dial::new(url, CONFORMANCE_AGENT, CONFORMANCE_KEY),
+                code.clone(),
+                CallRules::default(),
+                1,
+            );
             let (stop, stopped) = watch::channel(false);
             runtime.spawn(link::serve(config, Arc::new(Stats::default()), stopped));
             Box::new(move || {

@@ -46,12 +46,12 @@ pub async fn run() -> Result<()> {
             wasm.len() / 1024,
             started.elapsed().as_millis()
         );
-        let config = AgentConfig {
-            dial: Dial::new(sim.url(), agent_id, KEY),
+        let config = AgentConfig::fixed(
+            Dial::new(sim.url(), agent_id, KEY),
             code,
-            rules: CallRules::default(),
-            connections: 1,
-        };
+            CallRules::default(),
+            1,
+        );
         tokio::spawn(link::serve(config, stats.clone(), stopped.clone()));
     }
 

@@ -2,6 +2,7 @@
 //! draining, `connection_full`, and moving sessions between connections. One task owns all of it, so the
 //! routing tables need no lock; sessions are reached by `session_id` or by stream number per connection.
 
+use crate::admission::Admission;
 use crate::connection::{ConnectError, Connection, Dial, Incoming, Outgoing};
 use crate::protocol::{stream_of, Frame, AUDIO_HEADER};
 use crate::sandbox::AgentCode;
@@ -15,14 +16,41 @@ use tokio::sync::{mpsc, watch};
 /// The longest wait before another attempt to connect.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// One version of an agent, ready to serve calls.
+pub struct Deployment {
+    /// The version number in the registry (0 when the agent was not uploaded, as with `voicehost run`).
+    pub version: u32,
+    pub code: AgentCode,
+    pub rules: CallRules,
+}
+
 /// One agent as the host serves it.
 #[derive(Clone)]
 pub struct AgentConfig {
     pub dial: Dial,
-    pub code: AgentCode,
-    pub rules: CallRules,
+    /// What new calls get. Activating a version replaces it; a live call keeps the one it started with.
+    pub deployment: watch::Receiver<Arc<Deployment>>,
     /// How many connections to hold at once (more when draining or after `connection_full`).
     pub connections: usize,
+    /// The caps on concurrent calls this agent's calls fall under.
+    pub admission: Admission,
+}
+
+impl AgentConfig {
+    /// An agent with one version that never changes, and no cap on its calls.
+    pub fn fixed(dial: Dial, code: AgentCode, rules: CallRules, connections: usize) -> AgentConfig {
+        let (_, deployment) = watch::channel(Arc::new(Deployment {
+            version: 0,
+            code,
+            rules,
+        }));
+        AgentConfig {
+            dial,
+            deployment,
+            connections,
+            admission: Admission::default(),
+        }
+    }
 }
 
 /// The delay before connection attempt `attempt` (0, 1, 2, 4, 8, 16, then 30 s), as the official SDKs.
@@ -106,6 +134,7 @@ pub async fn serve(
     // Every connection closes with 1000: Sent sends the calls to their fallback at once.
     for conn in link.conns.values() {
         conn.conn.send(Outgoing::Close);
+        link.stats.connections_open.dec();
     }
     for session in link.sessions.values() {
         tracing::info!(
@@ -155,6 +184,7 @@ impl Link {
             }
             Dialed::Opened(conn, carry) => {
                 self.stats.connections_opened.inc();
+                self.stats.connections_open.inc();
                 let id = conn.id;
                 let mut entry = Conn {
                     conn,
@@ -226,10 +256,12 @@ impl Link {
                 self.dial(moving, Duration::ZERO);
             }
             Frame::SessionStart(start) => {
+                // The version active now serves the whole call, even if another is activated meanwhile.
+                let deployment = self.config.deployment.borrow().clone();
                 let session = Session::new(
                     &start,
                     conn.conn.sender(),
-                    self.config.rules.clone(),
+                    deployment.rules.clone(),
                     self.stats.clone(),
                 );
                 conn.sessions.insert(session.id.clone());
@@ -240,10 +272,18 @@ impl Link {
                     conn = id,
                     session = session.id,
                     session_type = start.session_type,
+                    version = deployment.version,
                     "session started"
                 );
                 self.sessions.insert(session.id.clone(), session.clone());
-                tokio::spawn(session::run(session, self.config.code.clone()));
+                match self.config.admission.admit() {
+                    Some(permit) => {
+                        tokio::spawn(session::run(session, deployment, permit));
+                    }
+                    None => {
+                        tokio::spawn(session::refuse(session));
+                    }
+                }
             }
             Frame::SessionResumed(resumed) => {
                 let session = self.sessions.get(&resumed.session_id).cloned();
@@ -325,6 +365,7 @@ impl Link {
         let Some(conn) = self.conns.remove(&id) else {
             return;
         };
+        self.stats.connections_open.dec();
         tracing::info!(conn = id, why, "connection closed");
         let mut carry = Vec::new();
         for session_id in &conn.sessions {

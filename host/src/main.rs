@@ -1,18 +1,24 @@
-//! The `voicehost` binary: `run` serves one agent's calls; `demo` places calls through the embedded Sent
-//! simulator and prints what happened.
+//! The `voicehost` binary: `serve` hosts many tenants' agents with the admin API; `agents` and `token` are
+//! the operator's tools for it; `run` serves one agent's calls from a file; `demo` places calls through the
+//! embedded Sent simulator and prints what happened.
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
+use std::future::IntoFuture as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use voicehost::admin;
+use voicehost::config::ServeConfig;
 use voicehost::connection::Dial;
 use voicehost::link::{self, AgentConfig};
 use voicehost::sandbox::{Limits, Sandbox};
+use voicehost::server::Server;
 use voicehost::session::{CallRules, FailurePolicy};
 use voicehost::stats::Stats;
 
+mod cli;
 mod demo;
 
 #[derive(Parser)]
@@ -28,6 +34,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Host every tenant's active agents and the admin API, as voicehost.toml says, until SIGINT or SIGTERM.
+    Serve {
+        /// The config file (see the README's "Hosting many tenants").
+        #[arg(long, default_value = "voicehost.toml")]
+        config: PathBuf,
+    },
+    /// Manage a tenant's agents through the admin API of a running `voicehost serve`.
+    Agents(cli::AgentsArgs),
+    /// Make or hash a tenant's admin token for the config.
+    #[command(subcommand)]
+    Token(cli::TokenCommand),
     /// Serve one agent's calls until SIGINT or SIGTERM. The API key comes from SENT_API_KEY or --api-key-file.
     Run(RunArgs),
     /// Start the Sent simulator on loopback, serve the example agents, place a few calls, print them.
@@ -84,10 +101,15 @@ fn start() -> Result<()> {
                 .unwrap_or_else(|_| "info,wasmtime=warn,cranelift=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file or a collector gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let runtime = tokio::runtime::Runtime::new()?;
     match cli.command {
+        Command::Serve { config } => runtime.block_on(serve(&config)),
+        Command::Agents(args) => runtime.block_on(cli::run(args)),
+        Command::Token(command) => cli::token(command),
         Command::Run(args) => runtime.block_on(run(args)),
         Command::Demo => runtime.block_on(demo::run()),
     }
@@ -136,12 +158,12 @@ async fn run(args: RunArgs) -> Result<()> {
         policy: policy(&args.on_repeated_traps)?,
         ..CallRules::default()
     };
-    let config = AgentConfig {
-        dial: Dial::new(args.url, args.agent_id, api_key),
+    let config = AgentConfig::fixed(
+        Dial::new(args.url, args.agent_id, api_key),
         code,
         rules,
-        connections: args.connections,
-    };
+        args.connections,
+    );
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -152,6 +174,32 @@ async fn run(args: RunArgs) -> Result<()> {
     let result = link::serve(config, stats.clone(), stopped).await;
     tracing::info!("served:\n{stats}");
     result.context("Sent refused the agent")?;
+    Ok(())
+}
+
+async fn serve(path: &std::path::Path) -> Result<()> {
+    let config = ServeConfig::read(path)?;
+    let server = Server::open(&config)?;
+    let listener = tokio::net::TcpListener::bind(config.admin.listen)
+        .await
+        .with_context(|| format!("the admin API cannot listen on {}", config.admin.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "admin API listening");
+    let (stop, stopped) = watch::channel(false);
+    let api = tokio::spawn({
+        let mut stopped = stopped.clone();
+        axum::serve(listener, admin::router(server.clone()))
+            .with_graceful_shutdown(async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            })
+            .into_future()
+    });
+    // The admin API answers `/healthz` with 503 until every active agent is loaded.
+    server.start().await;
+    shutdown_signal().await;
+    tracing::info!("stopping: closing every connection");
+    let _ = stop.send(true);
+    server.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), api).await;
     Ok(())
 }
 

@@ -1,7 +1,10 @@
-//! Where agent components are kept: content-addressed by SHA-256, behind [`ComponentStore`] so a shared
-//! object store can stand in for the disk later. Tenants, agents and versions (issue 5) build on this.
+//! Tenants' agents and their versions: components content-addressed by SHA-256 and one index document,
+//! both behind [`ComponentStore`] so a shared object store can stand in for the disk later. Every change to
+//! the index is written whole and atomically: after a crash the registry is the one before or after it.
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -58,15 +61,22 @@ pub enum StoreError {
     Io(#[from] std::io::Error),
 }
 
-/// Components by content address.
+/// Components by content address, and the registry's index. What a shared object store implements.
 pub trait ComponentStore: Send + Sync {
     /// Keeps `wasm` and returns its address; keeping the same bytes twice is one copy.
     fn put(&self, wasm: &[u8]) -> Result<Digest, StoreError>;
     /// The bytes at `digest`, checked against it.
     fn get(&self, digest: &Digest) -> Result<Vec<u8>, StoreError>;
+    /// Forgets the component at `digest` (nothing when there is none).
+    fn delete(&self, digest: &Digest) -> Result<(), StoreError>;
+    /// The index document, `None` before the first write.
+    fn read_index(&self) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Replaces the index document whole: a reader sees the old one or the new one.
+    fn write_index(&self, bytes: &[u8]) -> Result<(), StoreError>;
 }
 
-/// The embedded store: one file per component under a directory, written atomically.
+/// The embedded store: one file per component under a directory and `index.json` beside it, all written
+/// atomically.
 pub struct DiskStore {
     dir: PathBuf,
 }
@@ -76,6 +86,10 @@ impl DiskStore {
         let dir = dir.into();
         std::fs::create_dir_all(&dir)?;
         Ok(DiskStore { dir })
+    }
+
+    fn index_path(&self) -> PathBuf {
+        self.dir.join("index.json")
     }
 
     fn path(&self, digest: &Digest) -> PathBuf {
@@ -106,13 +120,341 @@ impl ComponentStore for DiskStore {
         }
         Ok(bytes)
     }
+
+    fn delete(&self, digest: &Digest) -> Result<(), StoreError> {
+        match std::fs::remove_file(self.path(digest)) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error.into()),
+            _ => Ok(()),
+        }
+    }
+
+    fn read_index(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        match std::fs::read(self.index_path()) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn write_index(&self, bytes: &[u8]) -> Result<(), StoreError> {
+        Ok(write_atomically(&self.index_path(), bytes)?)
+    }
 }
 
-/// Writes next to the final name, then renames: a reader sees the whole file or none.
+/// Writes next to the final name, flushes to disk, then renames: a reader sees the whole file or none, even
+/// after a crash.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
     let partial = path.with_extension(format!("partial-{}", std::process::id()));
-    std::fs::write(&partial, bytes)?;
+    let mut file = std::fs::File::create(&partial)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
     std::fs::rename(&partial, path)
+}
+
+// ----- tenants, agents, versions -----
+
+/// What the host does with a call its agent cannot serve (repeated traps, or over a session cap); the admin
+/// API's `failure-policy` body as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "action", rename_all = "lowercase", deny_unknown_fields)]
+pub enum PolicyRecord {
+    #[default]
+    Hangup,
+    Transfer {
+        to: PartyRecord,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartyRecord {
+    pub kind: String,
+    pub value: String,
+}
+
+/// One uploaded version of an agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionRecord {
+    /// From 1, per agent; never reused.
+    pub version: u32,
+    pub digest: Digest,
+    pub size_bytes: u64,
+    /// Unix seconds.
+    pub uploaded_at: u64,
+}
+
+/// One agent of a tenant.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRecord {
+    pub versions: Vec<VersionRecord>,
+    pub active: Option<u32>,
+    /// Versions active before the current one, the latest last: what a rollback returns to.
+    pub previous: Vec<u32>,
+    pub next_version: u32,
+    pub failure_policy: PolicyRecord,
+}
+
+impl AgentRecord {
+    pub fn version(&self, version: u32) -> Option<&VersionRecord> {
+        self.versions.iter().find(|v| v.version == version)
+    }
+}
+
+/// Everything the registry knows: tenant → agent → record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Index {
+    pub tenants: BTreeMap<String, BTreeMap<String, AgentRecord>>,
+}
+
+impl Serialize for Digest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Digest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Digest, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Digest::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Why the registry refused a change.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("no agent {0:?}")]
+    NoAgent(String),
+    #[error("agent {agent:?} has no version {version}")]
+    NoVersion { agent: String, version: u32 },
+    /// The change contradicts the registry's state (deleting the active version, nothing to roll back to).
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the registry's index is unreadable: {0}")]
+    BadIndex(String),
+}
+
+impl RegistryError {
+    pub fn nothing_to_roll_back(agent: &str) -> RegistryError {
+        RegistryError::Conflict(format!(
+            "agent {agent:?} has no earlier active version to roll back to"
+        ))
+    }
+}
+
+/// The tenants' agents and versions, over a [`ComponentStore`]. Not shared: the host keeps it behind a
+/// lock, so changes happen one at a time.
+pub struct Registry {
+    store: Box<dyn ComponentStore>,
+    index: Index,
+}
+
+impl Registry {
+    /// Opens the registry kept in `store`.
+    pub fn open(store: Box<dyn ComponentStore>) -> Result<Registry, RegistryError> {
+        let index = match store.read_index()? {
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| RegistryError::BadIndex(e.to_string()))?,
+            None => Index::default(),
+        };
+        Ok(Registry { store, index })
+    }
+
+    /// The tenant's agents, by id.
+    pub fn agents(&self, tenant: &str) -> impl Iterator<Item = (&String, &AgentRecord)> {
+        self.index.tenants.get(tenant).into_iter().flatten()
+    }
+
+    pub fn agent(&self, tenant: &str, agent: &str) -> Result<&AgentRecord, RegistryError> {
+        self.index
+            .tenants
+            .get(tenant)
+            .and_then(|agents| agents.get(agent))
+            .ok_or_else(|| RegistryError::NoAgent(agent.to_string()))
+    }
+
+    /// Every active version: (tenant, agent, version).
+    pub fn active(&self) -> Vec<(String, String, VersionRecord)> {
+        let mut active = Vec::new();
+        for (tenant, agents) in &self.index.tenants {
+            for (agent, record) in agents {
+                if let Some(version) = record.active.and_then(|v| record.version(v)) {
+                    active.push((tenant.clone(), agent.clone(), version.clone()));
+                }
+            }
+        }
+        active
+    }
+
+    /// The component of a version, checked against its digest.
+    pub fn component(&self, version: &VersionRecord) -> Result<Vec<u8>, RegistryError> {
+        Ok(self.store.get(&version.digest)?)
+    }
+
+    /// Keeps a new version of `agent` (created on its first upload). The caller has validated `wasm`.
+    pub fn add_version(
+        &mut self,
+        tenant: &str,
+        agent: &str,
+        wasm: &[u8],
+        uploaded_at: u64,
+    ) -> Result<VersionRecord, RegistryError> {
+        let digest = self.store.put(wasm)?;
+        let mut index = self.index.clone();
+        let record = index
+            .tenants
+            .entry(tenant.to_string())
+            .or_default()
+            .entry(agent.to_string())
+            .or_default();
+        record.next_version = record.next_version.max(1);
+        let version = VersionRecord {
+            version: record.next_version,
+            digest,
+            size_bytes: wasm.len() as u64,
+            uploaded_at,
+        };
+        record.next_version += 1;
+        record.versions.push(version.clone());
+        self.commit(index)?;
+        Ok(version)
+    }
+
+    /// Makes `version` the one new calls get.
+    pub fn activate(
+        &mut self,
+        tenant: &str,
+        agent: &str,
+        version: u32,
+    ) -> Result<(), RegistryError> {
+        let mut index = self.index.clone();
+        let record = agent_mut(&mut index, tenant, agent)?;
+        if record.version(version).is_none() {
+            return Err(RegistryError::NoVersion {
+                agent: agent.to_string(),
+                version,
+            });
+        }
+        if record.active != Some(version) {
+            if let Some(current) = record.active {
+                record.previous.retain(|v| *v != current);
+                record.previous.push(current);
+            }
+            record.previous.retain(|v| *v != version);
+            record.active = Some(version);
+        }
+        self.commit(index)
+    }
+
+    /// Activates the version that was active before the current one; returns it.
+    pub fn rollback(&mut self, tenant: &str, agent: &str) -> Result<u32, RegistryError> {
+        let mut index = self.index.clone();
+        let record = agent_mut(&mut index, tenant, agent)?;
+        let Some(back) = record.previous.pop() else {
+            return Err(RegistryError::nothing_to_roll_back(agent));
+        };
+        record.active = Some(back);
+        self.commit(index)?;
+        Ok(back)
+    }
+
+    pub fn set_policy(
+        &mut self,
+        tenant: &str,
+        agent: &str,
+        policy: PolicyRecord,
+    ) -> Result<(), RegistryError> {
+        let mut index = self.index.clone();
+        agent_mut(&mut index, tenant, agent)?.failure_policy = policy;
+        self.commit(index)
+    }
+
+    /// Forgets a version that is not active.
+    pub fn delete_version(
+        &mut self,
+        tenant: &str,
+        agent: &str,
+        version: u32,
+    ) -> Result<(), RegistryError> {
+        let mut index = self.index.clone();
+        let record = agent_mut(&mut index, tenant, agent)?;
+        let Some(at) = record.versions.iter().position(|v| v.version == version) else {
+            return Err(RegistryError::NoVersion {
+                agent: agent.to_string(),
+                version,
+            });
+        };
+        if record.active == Some(version) {
+            return Err(RegistryError::Conflict(format!(
+                "version {version} is active: activate another one, or delete the agent"
+            )));
+        }
+        let removed = record.versions.remove(at);
+        record.previous.retain(|v| *v != version);
+        self.commit(index)?;
+        self.collect(&removed.digest);
+        Ok(())
+    }
+
+    /// Forgets the agent and all its versions.
+    pub fn delete_agent(&mut self, tenant: &str, agent: &str) -> Result<(), RegistryError> {
+        let mut index = self.index.clone();
+        agent_mut(&mut index, tenant, agent)?;
+        let removed = index
+            .tenants
+            .get_mut(tenant)
+            .and_then(|agents| agents.remove(agent))
+            .unwrap_or_default();
+        if index.tenants.get(tenant).is_some_and(BTreeMap::is_empty) {
+            index.tenants.remove(tenant);
+        }
+        self.commit(index)?;
+        for version in &removed.versions {
+            self.collect(&version.digest);
+        }
+        Ok(())
+    }
+
+    /// Writes `index` and only then makes it the registry's: a failed write changes nothing.
+    fn commit(&mut self, index: Index) -> Result<(), RegistryError> {
+        let bytes = serde_json::to_vec_pretty(&index)
+            .map_err(|e| RegistryError::BadIndex(e.to_string()))?;
+        self.store.write_index(&bytes)?;
+        self.index = index;
+        Ok(())
+    }
+
+    /// Deletes a component no version of any tenant refers to any more (the same bytes uploaded twice are
+    /// stored once).
+    fn collect(&self, digest: &Digest) {
+        let used = self
+            .index
+            .tenants
+            .values()
+            .flat_map(|agents| agents.values())
+            .flat_map(|record| &record.versions)
+            .any(|v| v.digest == *digest);
+        if !used {
+            if let Err(error) = self.store.delete(digest) {
+                tracing::warn!(%digest, %error, "could not delete an unused component");
+            }
+        }
+    }
+}
+
+fn agent_mut<'a>(
+    index: &'a mut Index,
+    tenant: &str,
+    agent: &str,
+) -> Result<&'a mut AgentRecord, RegistryError> {
+    index
+        .tenants
+        .get_mut(tenant)
+        .and_then(|agents| agents.get_mut(agent))
+        .ok_or_else(|| RegistryError::NoAgent(agent.to_string()))
 }
 
 #[cfg(test)]
@@ -143,6 +485,81 @@ mod tests {
         let digest = store.put(b"original").unwrap();
         std::fs::write(store.path(&digest), b"tampered").unwrap();
         assert!(matches!(store.get(&digest), Err(StoreError::Corrupt(_))));
+    }
+
+    fn registry(name: &str) -> Registry {
+        Registry::open(Box::new(store(name))).unwrap()
+    }
+
+    #[test]
+    fn versions_count_from_one_and_survive_a_reopen() {
+        let mut registry = registry("reopen");
+        let one = registry.add_version("acme", "agent_a", b"v1", 10).unwrap();
+        let two = registry.add_version("acme", "agent_a", b"v2", 20).unwrap();
+        assert_eq!((one.version, two.version), (1, 2));
+        registry.activate("acme", "agent_a", 2).unwrap();
+        let dir = registry_dir("reopen");
+        let reopened = Registry::open(Box::new(DiskStore::new(dir).unwrap())).unwrap();
+        assert_eq!(reopened.index, registry.index);
+        assert_eq!(reopened.active()[0].2, two);
+        assert_eq!(reopened.component(&two).unwrap(), b"v2");
+    }
+
+    fn registry_dir(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("voicehost-store-{name}-{}", std::process::id()))
+    }
+
+    #[test]
+    fn rollback_returns_to_the_version_active_before() {
+        let mut registry = registry("rollback");
+        for wasm in [b"v1", b"v2", b"v3"] {
+            registry.add_version("acme", "agent_a", wasm, 0).unwrap();
+        }
+        assert!(matches!(
+            registry.rollback("acme", "agent_a"),
+            Err(RegistryError::Conflict(_))
+        ));
+        registry.activate("acme", "agent_a", 1).unwrap();
+        registry.activate("acme", "agent_a", 3).unwrap();
+        registry.activate("acme", "agent_a", 2).unwrap();
+        assert_eq!(registry.rollback("acme", "agent_a").unwrap(), 3);
+        assert_eq!(registry.rollback("acme", "agent_a").unwrap(), 1);
+        assert!(registry.rollback("acme", "agent_a").is_err());
+        assert_eq!(registry.agent("acme", "agent_a").unwrap().active, Some(1));
+    }
+
+    #[test]
+    fn the_active_version_cannot_be_deleted_and_a_shared_component_outlives_one_owner() {
+        let mut registry = registry("delete");
+        let mine = registry.add_version("acme", "agent_a", b"same", 0).unwrap();
+        registry
+            .add_version("globex", "agent_b", b"same", 0)
+            .unwrap();
+        registry.activate("acme", "agent_a", 1).unwrap();
+        assert!(matches!(
+            registry.delete_version("acme", "agent_a", 1),
+            Err(RegistryError::Conflict(_))
+        ));
+        registry.delete_agent("acme", "agent_a").unwrap();
+        assert!(registry.agent("acme", "agent_a").is_err());
+        // globex uploaded the same bytes: they stay until its version goes too.
+        assert_eq!(registry.component(&mine).unwrap(), b"same");
+        registry.delete_version("globex", "agent_b", 1).unwrap();
+        assert!(matches!(
+            registry.component(&mine),
+            Err(RegistryError::Store(StoreError::NotFound(_)))
+        ));
+    }
+
+    #[test]
+    fn a_tenant_never_reaches_another_tenants_agent() {
+        let mut registry = registry("tenants");
+        registry.add_version("acme", "agent_a", b"v1", 0).unwrap();
+        assert!(registry.agent("globex", "agent_a").is_err());
+        assert!(registry.activate("globex", "agent_a", 1).is_err());
+        assert!(registry.delete_agent("globex", "agent_a").is_err());
+        assert_eq!(registry.agents("globex").count(), 0);
+        assert_eq!(registry.agents("acme").count(), 1);
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! component, one Store per call. A call's handlers run under a CPU deadline (epochs: only the guest's own
 //! running time counts, not the time it waits in `tool`), a wall-clock bound, and a linear-memory cap. A
 //! trap poisons the whole Store, so [`Instance`] drops it and builds a fresh one from the same
-//! `InstancePre`; the session then calls `on-restart`.
+//! `InstancePre`; the session then calls `on-restart`. Guests may make HTTP requests through `wasi:http`,
+//! only to the origins of [`Limits::http`] (see [`crate::outbound`]); by default none.
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -21,6 +22,9 @@ use wasmtime::{
 };
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use crate::outbound::{HttpPolicy, PolicyHooks};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -57,6 +61,8 @@ pub struct Limits {
     pub memory_bytes: usize,
     /// Guest log lines (stdout, stderr, the `log` import) per second; more are dropped and counted.
     pub log_lines_per_second: u32,
+    /// Where the guest may send HTTP requests (`wasi:http`), how long and how large they may be.
+    pub http: Arc<HttpPolicy>,
 }
 
 impl Default for Limits {
@@ -66,6 +72,7 @@ impl Default for Limits {
             wall_per_call: Duration::from_secs(60),
             memory_bytes: 64 << 20,
             log_lines_per_second: 20,
+            http: Arc::new(HttpPolicy::default()),
         }
     }
 }
@@ -122,6 +129,7 @@ impl Sandbox {
         let engine = Engine::new(&config)?;
         let mut linker: Linker<HostState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
         bindings::Agent::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         let ticker = engine.weak();
         std::thread::Builder::new()
@@ -148,62 +156,85 @@ impl Sandbox {
     }
 
     /// Compiles an agent's component on this host (a precompiled artifact from outside is never loaded)
-    /// and checks that it fits the `agent` world.
-    pub fn load(&self, wasm: &[u8]) -> Result<AgentCode> {
-        if wasm.get(..8) == Some(&[0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00]) {
-            anyhow::bail!("this is a core WebAssembly module, not a component");
+    /// and checks that it fits the `agent` world. Only a component that passes every check is cached.
+    pub fn load(&self, wasm: &[u8]) -> Result<AgentCode, LoadError> {
+        match wasm.get(..8) {
+            Some([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00]) => {
+                return Err(LoadError::CoreModule)
+            }
+            Some([0x00, 0x61, 0x73, 0x6d, ..]) => {}
+            _ => return Err(LoadError::NotWasm),
         }
-        let (component, cached) = self.compile(wasm)?;
+        let path = self.cache_path(wasm);
+        let cached = path.as_deref().and_then(|path| self.cached(path));
+        let from_cache = cached.is_some();
+        let component = match cached {
+            Some(component) => component,
+            None => Component::from_binary(&self.engine, wasm)
+                .map_err(|e| LoadError::Invalid(format!("{e:#}")))?,
+        };
         let pre = self
             .linker
             .instantiate_pre(&component)
-            .map_err(anyhow::Error::from)
-            .context("the agent's imports do not fit the voicehost:agent world")?;
+            .map_err(|e| LoadError::WrongWorld(format!("its imports: {e:#}")))?;
         let pre = bindings::AgentPre::new(pre)
-            .map_err(anyhow::Error::from)
-            .context("the agent's exports do not fit the voicehost:agent world")?;
+            .map_err(|e| LoadError::WrongWorld(format!("its exports: {e:#}")))?;
+        if let (Some(path), false) = (path, from_cache) {
+            if let Err(error) = store_atomically(&path, &component) {
+                tracing::warn!(path = %path.display(), error = %format!("{error:#}"), "could not cache a compiled component");
+            }
+        }
         Ok(AgentCode {
             engine: self.engine.clone(),
             pre,
-            cached,
+            cached: from_cache,
         })
     }
 
-    /// The component, from the cache when this host compiled the same bytes before (then `true`).
-    fn compile(&self, wasm: &[u8]) -> Result<(Component, bool)> {
-        let path = self.cache.as_ref().map(|dir| {
+    /// Where the compiled form of `wasm` is kept: by the hash of the component and of the engine's settings.
+    fn cache_path(&self, wasm: &[u8]) -> Option<PathBuf> {
+        self.cache.as_ref().map(|dir| {
             let mut settings = std::collections::hash_map::DefaultHasher::new();
             self.engine
                 .precompile_compatibility_hash()
                 .hash(&mut settings);
             let digest = crate::registry::Digest::of(wasm);
             dir.join(format!("{}-{:016x}.cwasm", digest.hex(), settings.finish()))
-        });
-        if let Some(path) = path.as_ref().filter(|p| p.exists()) {
-            // SAFETY: only this host writes this directory, with `Component::serialize` of what it compiled
-            // itself, under the hash of the source and of the engine's settings. Nothing from outside is
-            // ever deserialized: an upload is always compiled here.
-            match unsafe { Component::deserialize_file(&self.engine, path) } {
-                Ok(component) => return Ok((component, true)),
-                Err(error) => {
-                    tracing::warn!(path = %path.display(), %error, "a cached component is unusable: compiling again")
-                }
+        })
+    }
+
+    fn cached(&self, path: &Path) -> Option<Component> {
+        if !path.exists() {
+            return None;
+        }
+        // SAFETY: only this host writes this directory, with `Component::serialize` of what it compiled
+        // itself, under the hash of the source and of the engine's settings. Nothing from outside is ever
+        // deserialized: an upload is always compiled here.
+        match unsafe { Component::deserialize_file(&self.engine, path) } {
+            Ok(component) => Some(component),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "a cached component is unusable: compiling again");
+                None
             }
         }
-        let component = Component::from_binary(&self.engine, wasm)
-            .map_err(anyhow::Error::from)
-            .context("the agent is not a valid WebAssembly component")?;
-        if let Some(path) = path {
-            if let Err(error) = store_atomically(&path, &component) {
-                tracing::warn!(path = %path.display(), error = %format!("{error:#}"), "could not cache a compiled component");
-            }
-        }
-        Ok((component, false))
     }
 
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+}
+
+/// Why a component cannot serve as an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("this is not WebAssembly")]
+    NotWasm,
+    #[error("this is a core WebAssembly module, not a component (build for wasm32-wasip2, or wrap it with `wasm-tools component new`)")]
+    CoreModule,
+    #[error("the component does not validate or compile: {0}")]
+    Invalid(String),
+    #[error("the component does not fit the voicehost:agent world: {0}")]
+    WrongWorld(String),
 }
 
 /// One agent version, compiled and pre-linked: instances are cheap to make from it.
@@ -231,9 +262,12 @@ fn store_atomically(path: &Path, component: &Component) -> Result<()> {
     Ok(())
 }
 
-/// The state of one Store: WASI, the call's side, and the meters behind the limits.
+/// The state of one Store: WASI (`wasi:http` with the call's policy), the call's side, and the meters
+/// behind the limits.
 pub struct HostState {
     wasi: WasiCtx,
+    http: WasiHttpCtx,
+    http_hooks: PolicyHooks,
     table: ResourceTable,
     calls: Arc<dyn Calls>,
     memory_cap: usize,
@@ -247,6 +281,16 @@ impl WasiView for HostState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
         }
     }
 }
@@ -447,6 +491,8 @@ async fn instantiate(
             .build();
         let state = HostState {
             wasi,
+            http: WasiHttpCtx::new(),
+            http_hooks: PolicyHooks::new(limits.http.clone()),
             table: ResourceTable::new(),
             calls,
             memory_cap: limits.memory_bytes,

@@ -6,14 +6,16 @@
 //! through [`Calls`]. Neither path takes another lock while holding the session's: a send only queues on
 //! the connection's channel, so there is no lock order to get wrong.
 
+use crate::admission::Permit;
 use crate::connection::{Outgoing, Sender};
+use crate::link::Deployment;
 use crate::protocol::{counted, frames, Frame, RETAINED_FRAMES};
 use crate::sandbox::wit::{
     Call, Direction, Level, Media, Party, Refused, SessionEnd, ToolError, ToolResult, UnknownFrame,
     UserSaid,
 };
-use crate::sandbox::{AgentCode, Calls, Event, Instance, Limits, Outcome, TrapKind};
-use crate::stats::Stats;
+use crate::sandbox::{Calls, Event, Instance, Limits, Outcome, TrapKind};
+use crate::stats::{LiveSession, Stats};
 use sentdm_voice_agents::frames::{
     AgentClear, AgentSay, SessionResume, SessionResumed, SessionStart, ToolCall,
 };
@@ -559,15 +561,41 @@ impl Calls for Session {
 
 // ----- the session's task -----
 
-/// Runs the call's guest until the call ends or is lost.
-pub async fn run(session: Arc<Session>, code: AgentCode) {
+/// Runs the call's guest until the call ends or is lost. `permit` holds the call's room under its caps.
+pub async fn run(session: Arc<Session>, deployment: Arc<Deployment>, permit: Permit) {
+    session.stats.live_start(
+        &session.id,
+        LiveSession {
+            call: session.call.clone(),
+            version: deployment.version,
+        },
+    );
+    serve(&session, &deployment).await;
+    session.stats.live_end(&session.id);
+    drop(permit);
+}
+
+/// A call over a session cap: it gets the failure policy at once, without a guest.
+pub async fn refuse(session: Arc<Session>) {
+    tracing::warn!(
+        session = session.id,
+        "over the session cap: applying the failure policy"
+    );
+    session.stats.sessions_refused.inc();
+    give_up(&session).await;
+    drain_until_done(&session).await;
+}
+
+async fn serve(session: &Arc<Session>, deployment: &Deployment) {
     let calls: Arc<dyn Calls> = session.clone();
-    let mut instance = match Instance::new(&code, calls, session.rules.limits.clone()).await {
+    let mut instance = match Instance::new(&deployment.code, calls, session.rules.limits.clone())
+        .await
+    {
         Ok(instance) => instance,
         Err(error) => {
             tracing::error!(session = session.id, error = %format!("{error:#}"), "the agent could not be instantiated");
-            give_up(&session).await;
-            drain_until_done(&session).await;
+            give_up(session).await;
+            drain_until_done(session).await;
             return;
         }
     };
@@ -584,7 +612,9 @@ pub async fn run(session: Arc<Session>, code: AgentCode) {
         if !abandoned {
             let mut next = Some(event);
             while let Some(event) = next.take() {
+                let started = Instant::now();
                 let outcome = instance.call(&event).await;
+                session.stats.handled(&event, started.elapsed());
                 match outcome {
                     Outcome::Ok => {}
                     Outcome::Failed(message) => {
@@ -614,7 +644,7 @@ pub async fn run(session: Arc<Session>, code: AgentCode) {
                         }
                         if traps.len() >= session.rules.max_traps {
                             abandoned = true;
-                            give_up(&session).await;
+                            give_up(session).await;
                         } else if !last {
                             session.stats.restarts.inc();
                             next = Some(Event::Restart(restart_reason(kind)));

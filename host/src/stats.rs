@@ -1,8 +1,13 @@
-//! Counters of what the host did, for logs, the demo's summary and (later) metrics.
+//! What one agent's host counts and measures, for logs, the demo's summary and `/metrics`; and the agent's
+//! live calls, for the admin API.
 
-use crate::sandbox::TrapKind;
+use crate::sandbox::wit::Call;
+use crate::sandbox::{Event, TrapKind};
+use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
 
 /// One monotonically increasing count.
 #[derive(Default, Debug)]
@@ -18,10 +23,92 @@ impl Counter {
     }
 }
 
-/// Everything one host counts.
+/// A value that goes up and down.
+#[derive(Default, Debug)]
+pub struct Gauge(AtomicI64);
+
+impl Gauge {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn dec(&self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The upper bounds of the latency histograms' buckets, in seconds: from 50 µs (an audio frame) to 5 s (a
+/// handler waiting on a tool or an HTTP call).
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0,
+];
+
+/// A latency histogram with fixed buckets (cumulative when rendered, as Prometheus wants).
+#[derive(Default, Debug)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last one is above every bound.
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        let at = LATENCY_BUCKETS
+            .iter()
+            .position(|&bound| seconds <= bound)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[at].fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The count at or below each bound, then the total.
+    pub fn cumulative(&self) -> Vec<u64> {
+        let mut total = 0;
+        self.buckets
+            .iter()
+            .map(|b| {
+                total += b.load(Ordering::Relaxed);
+                total
+            })
+            .collect()
+    }
+
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
+    }
+}
+
+/// The handlers, in the order of [`Stats::handlers`].
+pub const HANDLERS: [&str; 8] = [
+    "on-session-start",
+    "on-user-said",
+    "on-audio",
+    "on-tool-result",
+    "on-frame",
+    "on-session-end",
+    "on-session-lost",
+    "on-restart",
+];
+
+/// A call being served, as the admin API lists it (never its resume token).
+#[derive(Debug, Clone)]
+pub struct LiveSession {
+    pub call: Call,
+    /// The agent version serving it.
+    pub version: u32,
+}
+
+/// Everything one agent's host counts.
 #[derive(Default, Debug)]
 pub struct Stats {
     pub connections_opened: Counter,
+    pub connections_open: Gauge,
     pub sessions_started: Counter,
     pub sessions_ended: Counter,
     pub sessions_lost: Counter,
@@ -40,6 +127,11 @@ pub struct Stats {
     pub traps_other: Counter,
     pub restarts: Counter,
     pub policies_applied: Counter,
+    /// Calls over a session cap: given the failure policy at once, never a guest.
+    pub sessions_refused: Counter,
+    /// Handler latency by handler, in the order of [`HANDLERS`].
+    pub handlers: [Histogram; HANDLERS.len()],
+    live: Mutex<BTreeMap<String, LiveSession>>,
 }
 
 impl Stats {
@@ -53,6 +145,36 @@ impl Stats {
             TrapKind::Other => &self.traps_other,
         }
         .inc();
+    }
+
+    pub fn handled(&self, event: &Event, took: Duration) {
+        let name = event.name();
+        if let Some(at) = HANDLERS.iter().position(|h| *h == name) {
+            self.handlers[at].observe(took);
+        }
+    }
+
+    /// A call starts being served.
+    pub fn live_start(&self, session_id: &str, live: LiveSession) {
+        self.live_calls().insert(session_id.to_string(), live);
+    }
+
+    /// The call is no longer served.
+    pub fn live_end(&self, session_id: &str) {
+        self.live_calls().remove(session_id);
+    }
+
+    /// The calls being served now, by session id.
+    pub fn live(&self) -> Vec<LiveSession> {
+        self.live_calls().values().cloned().collect()
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.live_calls().len()
+    }
+
+    fn live_calls(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, LiveSession>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn traps(&self) -> u64 {
@@ -107,6 +229,26 @@ impl fmt::Display for Stats {
             self.traps_other.get()
         )?;
         writeln!(f, "restarts            {}", self.restarts.get())?;
+        writeln!(f, "over a session cap  {}", self.sessions_refused.get())?;
         write!(f, "failure policies    {}", self.policies_applied.get())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_counts_each_observation_in_the_first_bucket_that_holds_it() {
+        let histogram = Histogram::default();
+        histogram.observe(Duration::from_micros(30));
+        histogram.observe(Duration::from_micros(100));
+        histogram.observe(Duration::from_secs(9));
+        let cumulative = histogram.cumulative();
+        assert_eq!(cumulative[0], 1, "30 µs is under 50 µs");
+        assert_eq!(cumulative[1], 2, "100 µs is at the 100 µs bound");
+        assert_eq!(cumulative[LATENCY_BUCKETS.len() - 1], 2);
+        assert_eq!(cumulative[LATENCY_BUCKETS.len()], 3, "9 s only in +Inf");
+        assert!((histogram.sum_seconds() - 9.00013).abs() < 1e-9);
     }
 }

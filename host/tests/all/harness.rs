@@ -57,16 +57,16 @@ impl Host {
         .await
         .unwrap();
         let code = sandbox().load(wasm).expect("the component loads");
-        let config = AgentConfig {
-            dial: Dial::new(
+        let config = AgentConfig::fixed(
+            Dial::new(
                 sim.url(),
                 sentsim::sim::CONFORMANCE_AGENT,
                 sentsim::sim::CONFORMANCE_KEY,
             ),
             code,
             rules,
-            connections: 1,
-        };
+            1,
+        );
         let (stop, stopped) = watch::channel(false);
         let stats = Arc::new(Stats::default());
         let task = tokio::spawn(link::serve(config, stats.clone(), stopped));

@@ -4,4 +4,8 @@ mod cache;
 mod connection;
 mod guest_faults;
 mod harness;
+mod hosting;
+mod operator;
+mod outbound;
 mod suite;
+mod tenancy;

@@ -110,6 +110,8 @@ pub struct SessionSpec {
     pub kind: Kind,
     /// Whether `session.start` carries a resume token.
     pub resumable: bool,
+    /// `session.start`'s `context`: what the customer's backend passed for the call.
+    pub context: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl SessionSpec {
@@ -117,6 +119,7 @@ impl SessionSpec {
         SessionSpec {
             kind: Kind::Text,
             resumable: true,
+            context: None,
         }
     }
 
@@ -124,6 +127,7 @@ impl SessionSpec {
         SessionSpec {
             kind: Kind::Audio { sample_rate },
             resumable: true,
+            context: None,
         }
     }
 }
@@ -1185,7 +1189,7 @@ impl Sim {
                 Kind::Text => None,
             },
             max_duration_ms: Some(1_800_000),
-            context: None,
+            context: spec.context.clone(),
             resume: token.clone().map(|token| Resume {
                 token,
                 window_ms: self.inner.config.window_ms as i64,

@@ -1,0 +1,424 @@
+//! The admin HTTP API (axum, on its own listener): tenants upload, activate, roll back and delete their
+//! agents' versions, set failure policies and see their live calls; operators read `/healthz` and
+//! `/metrics`. Described for clients in `host/openapi.json`. Handlers are plain functions over the
+//! [`Server`]; a tenant is known only by its bearer token, and another tenant's agent is a 404.
+
+use crate::metrics::{self, HostCounts};
+use crate::registry::{AgentRecord, PolicyRecord, RegistryError};
+use crate::sandbox::wit::{Direction, Media};
+use crate::sandbox::LoadError;
+use crate::server::{ServeError, Server};
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequestParts, Path, RawQuery, State};
+use axum::http::{header, request::Parts, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put};
+use axum::{Json, Router};
+use http_body_util::BodyExt as _;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::sync::Arc;
+
+/// Every route, as (method, path): what `openapi.json` must describe.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/healthz"),
+    ("get", "/metrics"),
+    ("get", "/v1/agents"),
+    ("get", "/v1/agents/{agent_id}"),
+    ("delete", "/v1/agents/{agent_id}"),
+    ("post", "/v1/agents/{agent_id}/versions"),
+    ("delete", "/v1/agents/{agent_id}/versions/{version}"),
+    ("post", "/v1/agents/{agent_id}/activate"),
+    ("post", "/v1/agents/{agent_id}/rollback"),
+    ("put", "/v1/agents/{agent_id}/failure-policy"),
+    ("get", "/v1/sessions"),
+];
+
+/// The admin API over `server`.
+pub fn router(server: Arc<Server>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/v1/agents", get(list_agents))
+        .route(
+            "/v1/agents/{agent_id}",
+            get(show_agent).delete(delete_agent),
+        )
+        .route("/v1/agents/{agent_id}/versions", post(upload))
+        .route(
+            "/v1/agents/{agent_id}/versions/{version}",
+            delete(delete_version),
+        )
+        .route("/v1/agents/{agent_id}/activate", post(activate))
+        .route("/v1/agents/{agent_id}/rollback", post(rollback))
+        .route("/v1/agents/{agent_id}/failure-policy", put(set_policy))
+        .route("/v1/sessions", get(sessions))
+        .fallback(not_found)
+        .with_state(server)
+}
+
+// ----- errors -----
+
+/// An error answer: `{"error": {"code", "message"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<ServeError> for ApiError {
+    fn from(error: ServeError) -> ApiError {
+        let message = error.to_string();
+        match error {
+            ServeError::BadRequest(_) => ApiError::bad_request(message),
+            ServeError::Load(LoadError::NotWasm) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "not_wasm", message)
+            }
+            ServeError::Load(LoadError::CoreModule) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "core_module", message)
+            }
+            ServeError::Load(LoadError::Invalid(_)) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_component", message)
+            }
+            ServeError::Load(LoadError::WrongWorld(_)) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "wrong_world", message)
+            }
+            ServeError::Registry(RegistryError::NoAgent(_) | RegistryError::NoVersion { .. }) => {
+                ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+            }
+            ServeError::Registry(RegistryError::Conflict(_)) => {
+                ApiError::new(StatusCode::CONFLICT, "conflict", message)
+            }
+            ServeError::Registry(_) | ServeError::Internal(_) => {
+                tracing::error!(error = message, "the admin API failed");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the host failed; its log says why",
+                )
+            }
+        }
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+// ----- the caller -----
+
+/// The tenant whose admin token came with the request.
+pub struct Tenant(String);
+
+impl FromRequestParts<Arc<Server>> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        server: &Arc<Server>,
+    ) -> Result<Tenant, ApiError> {
+        let token = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .map(str::trim);
+        match token.and_then(|token| server.tenant_by_token(token)) {
+            Some(tenant) => Ok(Tenant(tenant.id.clone())),
+            None => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "send a tenant's admin token as `Authorization: Bearer <token>`",
+            )),
+        }
+    }
+}
+
+// ----- views -----
+
+#[derive(Serialize)]
+struct AgentView {
+    agent_id: String,
+    active_version: Option<u32>,
+    failure_policy: PolicyRecord,
+    live_sessions: usize,
+    versions: Vec<VersionView>,
+}
+
+#[derive(Serialize)]
+struct VersionView {
+    version: u32,
+    digest: String,
+    size_bytes: u64,
+    uploaded_at: u64,
+    active: bool,
+}
+
+#[derive(Serialize)]
+struct SessionView {
+    session_id: String,
+    call_id: String,
+    agent_id: String,
+    version: u32,
+    direction: &'static str,
+    media: &'static str,
+    sample_rate: Option<u32>,
+    started_at: String,
+    from: PartyView,
+    to: PartyView,
+}
+
+#[derive(Serialize)]
+struct PartyView {
+    kind: String,
+    value: Option<String>,
+}
+
+fn agent_view(server: &Server, tenant: &str, agent_id: String, record: AgentRecord) -> AgentView {
+    let versions = record
+        .versions
+        .iter()
+        .map(|v| VersionView {
+            version: v.version,
+            digest: v.digest.to_string(),
+            size_bytes: v.size_bytes,
+            uploaded_at: v.uploaded_at,
+            active: record.active == Some(v.version),
+        })
+        .collect();
+    AgentView {
+        live_sessions: server.live_sessions(tenant, &agent_id),
+        agent_id,
+        active_version: record.active,
+        failure_policy: record.failure_policy,
+        versions,
+    }
+}
+
+// ----- handlers -----
+
+async fn healthz(State(server): State<Arc<Server>>) -> Response {
+    if server.ready() {
+        let agents = server.stats().len();
+        Json(json!({"status": "ok", "agents": agents})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "starting"})),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(server): State<Arc<Server>>) -> Response {
+    let text = metrics::render(
+        &server.stats(),
+        HostCounts {
+            compilations: &server.compilations,
+            cache_loads: &server.cache_loads,
+        },
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn list_agents(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Response {
+    let agents: Vec<AgentView> = server
+        .agents(&tenant)
+        .await
+        .into_iter()
+        .map(|(id, record)| agent_view(&server, &tenant, id, record))
+        .collect();
+    Json(json!({ "agents": agents })).into_response()
+}
+
+async fn show_agent(
+    State(server): State<Arc<Server>>,
+    Tenant(tenant): Tenant,
+    Path(agent_id): Path<String>,
+) -> Result<Json<AgentView>, ApiError> {
+    let record = server.agent(&tenant, &agent_id).await?;
+    Ok(Json(agent_view(&server, &tenant, agent_id, record)))
+}
+
+async fn upload(
+    State(server): State<Arc<Server>>,
+    Tenant(tenant): Tenant,
+    Path(agent_id): Path<String>,
+    RawQuery(query): RawQuery,
+    body: Body,
+) -> Result<(StatusCode, Json<VersionView>), ApiError> {
+    let cap = server
+        .tenant(&tenant)
+        .map(|t| t.agent_limits(&agent_id).component_bytes())
+        .unwrap_or(0);
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the component is over this tenant's cap of {cap} bytes"),
+        )
+    };
+    // Read at most one byte past the cap: a huge body is refused without being held.
+    let wasm = match http_body_util::Limited::new(body, cap as usize + 1)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
+        Err(error) => {
+            return Err(ApiError::bad_request(format!(
+                "the upload broke off: {error}"
+            )))
+        }
+    };
+    if wasm.len() as u64 > cap {
+        return Err(too_large());
+    }
+    if wasm.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "not_wasm",
+            "the body is empty: send the component's bytes",
+        ));
+    }
+    let activate = match query.as_deref() {
+        None | Some("") | Some("activate=false") => false,
+        Some("activate=true") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown query {other:?}: only `activate=true` or `activate=false`"
+            )))
+        }
+    };
+    let version = server.upload(&tenant, &agent_id, wasm, activate).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(VersionView {
+            version: version.version,
+            digest: version.digest.to_string(),
+            size_bytes: version.size_bytes,
+            uploaded_at: version.uploaded_at,
+            active: activate,
+        }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActivateBody {
+    version: u32,
+}
+
+async fn activate(
+    State(server): State<Arc<Server>>,
+    Tenant(tenant): Tenant,
+    Path(agent_id): Path<String>,
+    body: Bytes,
+) -> Result<Json<AgentView>, ApiError> {
+    let ActivateBody { version } = parse_json(&body)?;
+    let record = server.activate(&tenant, &agent_id, version).await?;
+    Ok(Json(agent_view(&server, &tenant, agent_id, record)))
+}
+
+async fn rollback(
+    State(server): State<Arc<Server>>,
+    Tenant(tenant): Tenant,
+    Path(agent_id): Path<String>,
+) -> Result<Json<AgentView>, ApiError> {
+    let record = server.rollback(&tenant, &agent_id).await?;
+    Ok(Json(agent_view(&server, &tenant, agent_id, record)))
+}
+
+async fn set_policy(
+    State(server): State<Arc<Server>>,
+    Tenant(tenant): Tenant,
+    Path(agent_id): Path<String>,
+    body: Bytes,
+) -> Result<Json<AgentView>, ApiError> {
+    let policy: PolicyRecord = parse_json(&body)?;
+    let record = server.set_policy(&tenant, &agent_id, policy).await?;
+    Ok(Json(agent_view(&server, &tenant, agent_id, record)))
+}
+
+async fn delete_version(
+    State(server): State<Arc<Server>>,
+    Tenant(tenant): Tenant,
+    Path((agent_id, version)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let version: u32 = version
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("{version:?} is not a version number")))?;
+    server.delete_version(&tenant, &agent_id, version).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn delete_agent(
+    State(server): State<Arc<Server>>,
+    Tenant(tenant): Tenant,
+    Path(agent_id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    server.delete_agent(&tenant, &agent_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn sessions(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Response {
+    let sessions: Vec<SessionView> = server
+        .sessions(&tenant)
+        .into_iter()
+        .map(|(agent_id, live)| {
+            let call = live.call;
+            let party = |p: &crate::sandbox::wit::Party| PartyView {
+                kind: p.kind.clone(),
+                value: p.value.clone(),
+            };
+            SessionView {
+                session_id: call.session_id.clone(),
+                call_id: call.call_id.clone(),
+                agent_id,
+                version: live.version,
+                direction: match call.direction {
+                    Direction::Inbound => "inbound",
+                    Direction::Outbound => "outbound",
+                },
+                media: match call.media {
+                    Media::Text => "text",
+                    Media::Audio(_) => "audio",
+                },
+                sample_rate: match call.media {
+                    Media::Text => None,
+                    Media::Audio(rate) => Some(rate),
+                },
+                started_at: call.started_at.clone(),
+                from: party(&call.from),
+                to: party(&call.to),
+            }
+        })
+        .collect();
+    Json(json!({ "sessions": sessions })).into_response()
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body: {e}")))
+}

@@ -1,0 +1,107 @@
+//! Caps on concurrent calls: a tenant's across all its agents, and an agent's own. A call is admitted only
+//! when every cap it falls under has room; the [`Permit`] it gets gives the room back when the call is done.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// One cap, shared by every call it counts.
+#[derive(Debug)]
+pub struct Gate {
+    live: AtomicUsize,
+    cap: usize,
+}
+
+impl Gate {
+    pub fn new(cap: usize) -> Arc<Gate> {
+        Arc::new(Gate {
+            live: AtomicUsize::new(0),
+            cap,
+        })
+    }
+
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    fn enter(&self) -> bool {
+        self.live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| {
+                (live < self.cap).then_some(live + 1)
+            })
+            .is_ok()
+    }
+
+    fn leave(&self) {
+        self.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The caps a new call of one agent falls under (none: every call is admitted).
+#[derive(Debug, Clone, Default)]
+pub struct Admission {
+    gates: Vec<Arc<Gate>>,
+}
+
+impl Admission {
+    pub fn new(gates: Vec<Arc<Gate>>) -> Admission {
+        Admission { gates }
+    }
+
+    /// Room for one more call under every cap, or `None` (and nothing taken) when a cap is full.
+    pub fn admit(&self) -> Option<Permit> {
+        for (at, gate) in self.gates.iter().enumerate() {
+            if !gate.enter() {
+                for entered in &self.gates[..at] {
+                    entered.leave();
+                }
+                return None;
+            }
+        }
+        Some(Permit {
+            gates: self.gates.clone(),
+        })
+    }
+}
+
+/// One admitted call's room under its caps, given back on drop.
+#[derive(Debug)]
+pub struct Permit {
+    gates: Vec<Arc<Gate>>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        for gate in &self.gates {
+            gate.leave();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_needs_room_under_every_cap_and_gives_it_back_when_done() {
+        let tenant = Gate::new(2);
+        let agent = Gate::new(1);
+        let other_agent = Admission::new(vec![tenant.clone()]);
+        let admission = Admission::new(vec![tenant.clone(), agent.clone()]);
+        let first = admission.admit().expect("room for one");
+        assert!(admission.admit().is_none(), "the agent's cap is 1");
+        assert_eq!(tenant.live(), 1, "a refused call takes no room");
+        let second = other_agent.admit().expect("the tenant has room for two");
+        assert!(other_agent.admit().is_none(), "the tenant's cap is 2");
+        drop(first);
+        drop(second);
+        assert_eq!((tenant.live(), agent.live()), (0, 0));
+        assert!(admission.admit().is_some());
+    }
+
+    #[test]
+    fn no_caps_admit_every_call() {
+        let admission = Admission::default();
+        let permits: Vec<_> = (0..1000).map(|_| admission.admit()).collect();
+        assert!(permits.iter().all(Option::is_some));
+    }
+}

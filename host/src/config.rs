@@ -1,0 +1,438 @@
+//! `voicehost.toml`: where the host keeps its data, where the admin API listens, where Sent is, the tenants
+//! and their limits. Every table refuses unknown keys, so a typo is an error at start, not a silent default.
+
+use crate::connection::ApiKey;
+use crate::outbound::{HttpPolicy, Origin};
+use crate::sandbox::Limits;
+use serde::Deserialize;
+use sha2::{Digest as _, Sha256};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    /// Components, the registry's index and compiled artifacts live here.
+    pub data_dir: PathBuf,
+    /// Sent's connect endpoint.
+    #[serde(default = "default_sent_url")]
+    pub sent_url: String,
+    /// Connections to Sent per active agent.
+    #[serde(default = "default_connections")]
+    pub connections: usize,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// Defaults for every tenant and agent.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The admin API's listener. Loopback by default: put a TLS proxy in front to expose it.
+    pub listen: SocketAddr,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+        }
+    }
+}
+
+/// Limits as written: any may be left out, to take the level above's.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Linear memory per call's instance.
+    pub memory_mib: Option<u64>,
+    /// Guest CPU time per handler call.
+    pub cpu_ms: Option<u64>,
+    /// Wall-clock time per handler call, waits in `tool` and HTTP included.
+    pub wall_ms: Option<u64>,
+    /// Concurrent calls: the tenant's total in `[limits]` and a tenant's `limits`, the agent's own in an
+    /// agent's `limits`.
+    pub max_sessions: Option<usize>,
+    /// Guest log lines per second per call.
+    pub log_lines_per_second: Option<u32>,
+    /// The largest component an upload may be.
+    pub component_mib: Option<u64>,
+}
+
+impl LimitsConfig {
+    /// `self`, with what it leaves out taken from `under`.
+    fn over(&self, under: &LimitsConfig) -> LimitsConfig {
+        LimitsConfig {
+            memory_mib: self.memory_mib.or(under.memory_mib),
+            cpu_ms: self.cpu_ms.or(under.cpu_ms),
+            wall_ms: self.wall_ms.or(under.wall_ms),
+            max_sessions: self.max_sessions.or(under.max_sessions),
+            log_lines_per_second: self.log_lines_per_second.or(under.log_lines_per_second),
+            component_mib: self.component_mib.or(under.component_mib),
+        }
+    }
+}
+
+/// The defaults, for a voice agent: a handler answers within a turn (200 ms of CPU is far more than a
+/// reply needs), 64 MiB holds a Python or JavaScript runtime with room, a component up to 40 MiB fits
+/// Python (18 MB) and StarlingMonkey (12 MB).
+pub const DEFAULT_LIMITS: ResolvedLimits = ResolvedLimits {
+    memory_mib: 64,
+    cpu_ms: 200,
+    wall_ms: 60_000,
+    max_sessions: 100,
+    log_lines_per_second: 20,
+    component_mib: 40,
+};
+
+/// Limits with every value known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedLimits {
+    pub memory_mib: u64,
+    pub cpu_ms: u64,
+    pub wall_ms: u64,
+    pub max_sessions: usize,
+    pub log_lines_per_second: u32,
+    pub component_mib: u64,
+}
+
+impl ResolvedLimits {
+    fn from(config: &LimitsConfig) -> ResolvedLimits {
+        let d = DEFAULT_LIMITS;
+        ResolvedLimits {
+            memory_mib: config.memory_mib.unwrap_or(d.memory_mib),
+            cpu_ms: config.cpu_ms.unwrap_or(d.cpu_ms),
+            wall_ms: config.wall_ms.unwrap_or(d.wall_ms),
+            max_sessions: config.max_sessions.unwrap_or(d.max_sessions),
+            log_lines_per_second: config
+                .log_lines_per_second
+                .unwrap_or(d.log_lines_per_second),
+            component_mib: config.component_mib.unwrap_or(d.component_mib),
+        }
+    }
+
+    /// The sandbox's limits for one call, with the tenant's HTTP policy.
+    pub fn sandbox(&self, http: Arc<HttpPolicy>) -> Limits {
+        Limits {
+            cpu_per_call: Duration::from_millis(self.cpu_ms),
+            wall_per_call: Duration::from_millis(self.wall_ms),
+            memory_bytes: (self.memory_mib as usize) << 20,
+            log_lines_per_second: self.log_lines_per_second,
+            http,
+        }
+    }
+
+    pub fn component_bytes(&self) -> u64 {
+        self.component_mib << 20
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// The tenant's name in the registry, logs and metrics.
+    pub id: String,
+    /// The SHA-256 (lowercase hex) of the tenant's admin token: the host never holds the token itself.
+    /// `voicehost token new` makes a token and this line.
+    pub token_sha256: String,
+    /// The environment variable holding the tenant's Sent API key…
+    pub api_key_env: Option<String>,
+    /// …or a file holding it.
+    pub api_key_file: Option<PathBuf>,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// Per agent: `[tenants.agents.agent_x]` with `limits`.
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentOverrides>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentOverrides {
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+/// Where a tenant's agents may send HTTP requests.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Origins: `https://api.example.com`, `http://127.0.0.1:8089`.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    pub timeout_ms: Option<u64>,
+    pub max_response_kib: Option<u64>,
+}
+
+/// One tenant, ready to serve: its key read, its limits resolved.
+pub struct Tenant {
+    pub id: String,
+    token_sha256: [u8; 32],
+    pub api_key: ApiKey,
+    pub limits: ResolvedLimits,
+    agent_limits: BTreeMap<String, ResolvedLimits>,
+    pub http: Arc<HttpPolicy>,
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant")
+            .field("id", &self.id)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tenant {
+    /// Whether `token` is this tenant's admin token (compared by hash, in constant time).
+    pub fn owns_token(&self, token: &str) -> bool {
+        let hash = Sha256::digest(token.as_bytes());
+        hash.iter()
+            .zip(self.token_sha256.iter())
+            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+            == 0
+    }
+
+    /// The limits of one of its agents: the agent's overrides over the tenant's. The agent's own session
+    /// cap is only what its overrides say (otherwise only the tenant's total applies).
+    pub fn agent_limits(&self, agent: &str) -> ResolvedLimits {
+        self.agent_limits
+            .get(agent)
+            .cloned()
+            .unwrap_or_else(|| self.limits.clone())
+    }
+
+    /// The agent's own cap on concurrent calls, when it has one.
+    pub fn agent_session_cap(&self, agent: &str) -> Option<usize> {
+        self.agent_limits.get(agent).map(|l| l.max_sessions)
+    }
+}
+
+/// The hash the config holds for an admin token.
+pub fn token_sha256(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn default_sent_url() -> String {
+    "wss://voice.sent.dm/v1/agents/connect".into()
+}
+
+fn default_connections() -> usize {
+    1
+}
+
+/// Whether a tenant or agent id is usable: 1–64 of `[A-Za-z0-9_-]`.
+pub fn valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl ServeConfig {
+    pub fn read(path: &Path) -> anyhow::Result<ServeConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let mut config: ServeConfig = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{} is not a valid config: {e}", path.display()))?;
+        // A relative data directory is relative to the config file, not to wherever the host was started.
+        if config.data_dir.is_relative() {
+            if let Some(dir) = path.parent() {
+                config.data_dir = dir.join(&config.data_dir);
+            }
+        }
+        Ok(config)
+    }
+
+    /// The tenants, with their API keys read from the environment or their files and their limits resolved.
+    /// Every problem is named with its tenant, never with a secret.
+    pub fn tenants(&self) -> anyhow::Result<Vec<Tenant>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut tenants = Vec::new();
+        for tenant in &self.tenants {
+            let id = &tenant.id;
+            anyhow::ensure!(
+                valid_id(id),
+                "tenant id {id:?}: use 1–64 letters, digits, `_` or `-`"
+            );
+            anyhow::ensure!(seen.insert(id.clone()), "tenant {id:?} appears twice");
+            let token_sha256 = parse_hash(&tenant.token_sha256).ok_or_else(|| {
+                anyhow::anyhow!("tenant {id:?}: token_sha256 must be 64 hex digits (`voicehost token new` makes one)")
+            })?;
+            let api_key = match (&tenant.api_key_env, &tenant.api_key_file) {
+                (Some(var), None) => std::env::var(var).map_err(|_| {
+                    anyhow::anyhow!("tenant {id:?}: the environment variable {var} (its Sent API key) is not set")
+                })?,
+                (None, Some(file)) => std::fs::read_to_string(file)
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "tenant {id:?}: cannot read its Sent API key from {}: {e}",
+                            file.display()
+                        )
+                    })?
+                    .trim()
+                    .to_string(),
+                _ => anyhow::bail!(
+                    "tenant {id:?}: give its Sent API key as exactly one of api_key_env or api_key_file"
+                ),
+            };
+            anyhow::ensure!(
+                !api_key.is_empty(),
+                "tenant {id:?}: its Sent API key is empty"
+            );
+            let own = tenant.limits.over(&self.limits);
+            let limits = ResolvedLimits::from(&own);
+            let mut agent_limits = BTreeMap::new();
+            for (agent, overrides) in &tenant.agents {
+                anyhow::ensure!(
+                    valid_id(agent),
+                    "tenant {id:?}: agent id {agent:?} is not valid"
+                );
+                let mut resolved = ResolvedLimits::from(&overrides.limits.over(&own));
+                // An agent's cap is its own only when it sets one; it can never exceed the tenant's total.
+                resolved.max_sessions = overrides
+                    .limits
+                    .max_sessions
+                    .unwrap_or(limits.max_sessions)
+                    .min(limits.max_sessions);
+                agent_limits.insert(agent.clone(), resolved);
+            }
+            let mut allow = Vec::new();
+            for origin in &tenant.http.allow {
+                allow.push(
+                    Origin::parse(origin).map_err(|e| {
+                        anyhow::anyhow!("tenant {id:?}: http.allow {origin:?}: {e}")
+                    })?,
+                );
+            }
+            let default_http = HttpPolicy::default();
+            let http = HttpPolicy {
+                allow,
+                timeout: tenant
+                    .http
+                    .timeout_ms
+                    .map_or(default_http.timeout, Duration::from_millis),
+                max_response_bytes: tenant
+                    .http
+                    .max_response_kib
+                    .map_or(default_http.max_response_bytes, |kib| kib << 10),
+            };
+            tenants.push(Tenant {
+                id: id.clone(),
+                token_sha256,
+                api_key: ApiKey::new(api_key),
+                limits,
+                agent_limits,
+                http: Arc::new(http),
+            });
+        }
+        Ok(tenants)
+    }
+}
+
+fn parse_hash(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut hash = [0u8; 32];
+    for (at, byte) in hash.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(at * 2..at * 2 + 2)?, 16).ok()?;
+    }
+    Some(hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> ServeConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn limits_come_from_the_agent_then_the_tenant_then_the_host_then_the_defaults() {
+        std::env::set_var("VOICEHOST_TEST_KEY_LIMITS", "key");
+        let config = parse(&format!(
+            r#"
+            data_dir = "data"
+            [limits]
+            cpu_ms = 100
+            max_sessions = 10
+            [[tenants]]
+            id = "acme"
+            token_sha256 = "{}"
+            api_key_env = "VOICEHOST_TEST_KEY_LIMITS"
+            [tenants.limits]
+            memory_mib = 32
+            [tenants.agents.agent_big.limits]
+            memory_mib = 128
+            max_sessions = 50
+            "#,
+            token_sha256("t")
+        ));
+        let tenant = &config.tenants().unwrap()[0];
+        assert_eq!(tenant.limits.cpu_ms, 100);
+        assert_eq!(tenant.limits.memory_mib, 32);
+        assert_eq!(tenant.limits.max_sessions, 10);
+        assert_eq!(tenant.limits.wall_ms, DEFAULT_LIMITS.wall_ms);
+        let big = tenant.agent_limits("agent_big");
+        assert_eq!((big.memory_mib, big.cpu_ms), (128, 100));
+        assert_eq!(
+            tenant.agent_session_cap("agent_big"),
+            Some(10),
+            "never above the tenant's total"
+        );
+        assert_eq!(tenant.agent_limits("agent_other"), tenant.limits);
+        assert_eq!(tenant.agent_session_cap("agent_other"), None);
+    }
+
+    #[test]
+    fn a_token_matches_only_its_own_hash() {
+        std::env::set_var("VOICEHOST_TEST_KEY_TOKEN", "key");
+        let config = parse(&format!(
+            "data_dir = \"d\"\n[[tenants]]\nid = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_TOKEN\"\n",
+            token_sha256("secret-a")
+        ));
+        let tenant = &config.tenants().unwrap()[0];
+        assert!(tenant.owns_token("secret-a"));
+        assert!(!tenant.owns_token("secret-b"));
+        assert!(!tenant.owns_token(""));
+        assert!(!format!("{tenant:?}").contains("key"));
+    }
+
+    #[test]
+    fn mistakes_are_refused_with_the_tenant_named_and_no_secret() {
+        std::env::set_var("VOICEHOST_TEST_KEY_SECRET", "sk_live_do_not_print");
+        let cases = [
+            ("id = \"acme\"\ntoken_sha256 = \"abc\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"", "token_sha256"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_UNSET_VAR\"", token_sha256("t")), "VOICEHOST_TEST_UNSET_VAR"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"", token_sha256("t")), "exactly one"),
+            (&format!("id = \"a/b\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"", token_sha256("t")), "tenant id"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.http]\nallow = [\"ftp://x\"]", token_sha256("t")), "http.allow"),
+        ];
+        for (tenant, expected) in cases {
+            let config = parse(&format!("data_dir = \"d\"\n[[tenants]]\n{tenant}\n"));
+            let error = config.tenants().unwrap_err().to_string();
+            assert!(error.contains(expected), "{error}");
+            assert!(!error.contains("sk_live"), "{error}");
+        }
+        assert!(
+            toml::from_str::<ServeConfig>("data_dir = \"d\"\nmax_sesions = 3\n").is_err(),
+            "an unknown key is an error"
+        );
+    }
+}

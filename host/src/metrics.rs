@@ -1,0 +1,257 @@
+//! `/metrics`: every served agent's counters in the Prometheus text format (0.0.4), labelled by tenant and
+//! agent. Only counts and ids: never a key, a token, a caller's number or what was said.
+
+use crate::stats::{Counter, Stats, HANDLERS, LATENCY_BUCKETS};
+use std::fmt::Write as _;
+
+/// What the whole host counts, beside each agent's [`Stats`].
+pub struct HostCounts<'a> {
+    pub compilations: &'a Counter,
+    pub cache_loads: &'a Counter,
+}
+
+/// A counter of each agent: its name, its help, how to read it.
+type AgentCounter = (&'static str, &'static str, fn(&Stats) -> u64);
+
+/// The text of `/metrics` for these agents: (tenant, agent, stats).
+pub fn render(agents: &[(String, String, std::sync::Arc<Stats>)], host: HostCounts<'_>) -> String {
+    let mut out = String::new();
+    let counters: [AgentCounter; 14] = [
+        (
+            "sessions_started_total",
+            "Calls Sent started with the agent.",
+            |s| s.sessions_started.get(),
+        ),
+        (
+            "sessions_ended_total",
+            "Calls that ended with session.end.",
+            |s| s.sessions_ended.get(),
+        ),
+        (
+            "sessions_lost_total",
+            "Calls lost: no resume was possible.",
+            |s| s.sessions_lost.get(),
+        ),
+        (
+            "sessions_refused_total",
+            "Calls over a session cap, given the failure policy at once.",
+            |s| s.sessions_refused.get(),
+        ),
+        ("restarts_total", "Fresh instances after a trap.", |s| {
+            s.restarts.get()
+        }),
+        (
+            "handler_errors_total",
+            "Handlers that returned an error.",
+            |s| s.handler_errors.get(),
+        ),
+        (
+            "failure_policies_total",
+            "Failure policies applied (repeated traps or over a cap).",
+            |s| s.policies_applied.get(),
+        ),
+        (
+            "frames_in_total",
+            "Text frames from Sent delivered to sessions.",
+            |s| s.frames_in.get(),
+        ),
+        (
+            "frames_out_total",
+            "Text frames sessions sent to Sent.",
+            |s| s.frames_out.get(),
+        ),
+        ("audio_in_total", "Audio messages from Sent.", |s| {
+            s.audio_in.get()
+        }),
+        ("audio_out_total", "Audio messages sent to Sent.", |s| {
+            s.audio_out.get()
+        }),
+        (
+            "audio_dropped_total",
+            "Caller audio dropped because the agent was behind.",
+            |s| s.audio_dropped.get(),
+        ),
+        (
+            "resumes_total",
+            "Sessions resumed on another connection.",
+            |s| s.resumes.get(),
+        ),
+        (
+            "connections_opened_total",
+            "Connections to Sent opened.",
+            |s| s.connections_opened.get(),
+        ),
+    ];
+    for (name, help, value) in counters {
+        header(&mut out, name, help, "counter");
+        for (tenant, agent, stats) in agents {
+            let _ = writeln!(
+                out,
+                "voicehost_{name}{{{}}} {}",
+                labels(tenant, agent),
+                value(stats)
+            );
+        }
+    }
+    header(
+        &mut out,
+        "sessions_live",
+        "Calls being served now.",
+        "gauge",
+    );
+    for (tenant, agent, stats) in agents {
+        let _ = writeln!(
+            out,
+            "voicehost_sessions_live{{{}}} {}",
+            labels(tenant, agent),
+            stats.live_count()
+        );
+    }
+    header(
+        &mut out,
+        "connections_open",
+        "Connections to Sent open now.",
+        "gauge",
+    );
+    for (tenant, agent, stats) in agents {
+        let _ = writeln!(
+            out,
+            "voicehost_connections_open{{{}}} {}",
+            labels(tenant, agent),
+            stats.connections_open.get()
+        );
+    }
+    header(
+        &mut out,
+        "traps_total",
+        "Traps contained, by kind.",
+        "counter",
+    );
+    for (tenant, agent, stats) in agents {
+        for (kind, count) in [
+            ("panic", stats.traps_panic.get()),
+            ("cpu_deadline", stats.traps_cpu.get()),
+            ("wall_deadline", stats.traps_wall.get()),
+            ("memory_limit", stats.traps_memory.get()),
+            ("stack_overflow", stats.traps_stack.get()),
+            ("other", stats.traps_other.get()),
+        ] {
+            let _ = writeln!(
+                out,
+                "voicehost_traps_total{{{},kind=\"{kind}\"}} {count}",
+                labels(tenant, agent)
+            );
+        }
+    }
+    header(
+        &mut out,
+        "handler_duration_seconds",
+        "Handler calls into the agent, by handler.",
+        "histogram",
+    );
+    for (tenant, agent, stats) in agents {
+        for (handler, histogram) in HANDLERS.iter().zip(&stats.handlers) {
+            let labels = format!("{},handler=\"{handler}\"", labels(tenant, agent));
+            let cumulative = histogram.cumulative();
+            for (bound, count) in LATENCY_BUCKETS.iter().zip(&cumulative) {
+                let _ = writeln!(
+                    out,
+                    "voicehost_handler_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {count}"
+                );
+            }
+            let total = cumulative.last().copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "voicehost_handler_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {total}"
+            );
+            let _ = writeln!(
+                out,
+                "voicehost_handler_duration_seconds_sum{{{labels}}} {}",
+                histogram.sum_seconds()
+            );
+            let _ = writeln!(
+                out,
+                "voicehost_handler_duration_seconds_count{{{labels}}} {total}"
+            );
+        }
+    }
+    header(
+        &mut out,
+        "agents_served",
+        "Agents with an active version being served.",
+        "gauge",
+    );
+    let _ = writeln!(out, "voicehost_agents_served {}", agents.len());
+    header(
+        &mut out,
+        "compilations_total",
+        "Components compiled by this process.",
+        "counter",
+    );
+    let _ = writeln!(
+        out,
+        "voicehost_compilations_total {}",
+        host.compilations.get()
+    );
+    header(
+        &mut out,
+        "compiled_cache_loads_total",
+        "Components loaded from the compiled cache instead.",
+        "counter",
+    );
+    let _ = writeln!(
+        out,
+        "voicehost_compiled_cache_loads_total {}",
+        host.cache_loads.get()
+    );
+    out
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP voicehost_{name} {help}");
+    let _ = writeln!(out, "# TYPE voicehost_{name} {kind}");
+}
+
+fn labels(tenant: &str, agent: &str) -> String {
+    format!("tenant=\"{}\",agent=\"{}\"", escape(tenant), escape(agent))
+}
+
+/// A label value as Prometheus reads it (ids are plain already; this keeps it so whatever they hold).
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn every_sample_line_parses_as_name_labels_value() {
+        let stats = Arc::new(Stats::default());
+        stats.sessions_started.inc();
+        stats.handlers[1].observe(Duration::from_micros(700));
+        let counts = (Counter::default(), Counter::default());
+        let text = render(
+            &[("acme".into(), "agent_a".into(), stats)],
+            HostCounts {
+                compilations: &counts.0,
+                cache_loads: &counts.1,
+            },
+        );
+        assert!(text
+            .contains("voicehost_sessions_started_total{tenant=\"acme\",agent=\"agent_a\"} 1\n"));
+        assert!(text.contains(
+            "voicehost_handler_duration_seconds_bucket{tenant=\"acme\",agent=\"agent_a\",handler=\"on-user-said\",le=\"0.001\"} 1\n"
+        ));
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (name, value) = line.rsplit_once(' ').expect(line);
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+            assert!(name.starts_with("voicehost_"), "{line}");
+        }
+    }
+}

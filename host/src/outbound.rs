@@ -1,0 +1,568 @@
+//! Outbound HTTP for agents: `wasi:http/outgoing-handler`, allowed only to the origins of a tenant's
+//! allowlist ([`HttpPolicy`]).
+//!
+//! Every request a guest makes goes through [`PolicyHooks::send_request`] (wasmtime-wasi-http's
+//! `WasiHttpHooks`). Its scheme, host and port must equal one allowed [`Origin`]; otherwise it fails with
+//! `error-code::HTTP-request-denied`, which the guest reads like any other `wasi:http` error, and the host
+//! logs a warning with the scheme, host and port only (never the path, query or headers: they may hold the
+//! tenant's secrets).
+//!
+//! An allowed request runs under [`HttpPolicy::timeout`]: as the connect, first-byte and between-bytes
+//! timeouts (the smaller of the guest's own `request-options` and the policy), and as the bound of the whole
+//! exchange, body included. The response body is read by the host, up to
+//! [`HttpPolicy::max_response_bytes`], before the guest gets the response: a `Content-Length` over the cap
+//! fails at once and a body that passes it fails as soon as it does, both with
+//! `error-code::HTTP-response-body-size`. Reading the body first is what lets the guest see these errors
+//! (and the timeouts) as error codes: wasmtime-wasi-http 48 turns an error in a streamed response body into
+//! a `wasi:io` stream error that `http-error-code` does not recognise. The price is that the guest gets no
+//! byte before the last one, and the host holds up to `max_response_bytes` per open response; a call has at
+//! most [`MAX_OPEN_REQUESTS`] requests and unread responses at once.
+
+use http_body_util::BodyExt;
+use hyper::body::{Body, Bytes, Frame, SizeHint};
+use hyper::http::{self, HeaderMap, Method, StatusCode};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+
+/// Requests in flight plus responses the guest has not finished reading, per instance. One more fails
+/// with `error-code::connection-limit-reached`.
+pub const MAX_OPEN_REQUESTS: usize = 16;
+
+/// Where an agent may send HTTP requests, and how long and how large they may be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpPolicy {
+    /// The origins requests may go to; a request must match one exactly (scheme, host and port).
+    pub allow: Vec<Origin>,
+    /// The connect, first-byte and between-bytes timeout, and the bound of one whole request.
+    pub timeout: Duration,
+    /// The largest response body the guest may receive, in bytes.
+    pub max_response_bytes: u64,
+}
+
+impl Default for HttpPolicy {
+    /// Nothing allowed; 10 s and 1 MiB for when something is.
+    fn default() -> Self {
+        HttpPolicy {
+            allow: Vec::new(),
+            timeout: Duration::from_secs(10),
+            max_response_bytes: 1 << 20,
+        }
+    }
+}
+
+impl HttpPolicy {
+    /// The default policy with these origins allowed.
+    pub fn allowing(allow: impl IntoIterator<Item = Origin>) -> HttpPolicy {
+        HttpPolicy {
+            allow: allow.into_iter().collect(),
+            ..HttpPolicy::default()
+        }
+    }
+
+    /// Whether a request to `scheme://host:port` may go out (`host` as in the request, any case).
+    pub fn allows(&self, scheme: Scheme, host: &str, port: u16) -> bool {
+        let Ok(host) = normalize_host(host) else {
+            return false;
+        };
+        self.allow
+            .iter()
+            .any(|o| o.scheme == scheme && o.port == port && o.host == host)
+    }
+}
+
+/// The scheme of an [`Origin`]: only HTTP and HTTPS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+
+    /// 80 or 443.
+    pub fn default_port(self) -> u16 {
+        match self {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        }
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One allowed destination: scheme, host (lowercase; an IPv6 address in brackets) and port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Origin {
+    scheme: Scheme,
+    host: String,
+    port: u16,
+}
+
+/// Why a text is not an [`Origin`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OriginError {
+    #[error("{0:?} is not an origin: write scheme://host[:port], like https://api.example.com")]
+    NoScheme(String),
+    #[error("{0:?} is not an origin: only http and https can be allowed")]
+    Scheme(String),
+    #[error("{0:?} is not an origin: it has no host")]
+    NoHost(String),
+    #[error("{0:?} is not an origin: a user name or password does not belong in it")]
+    UserInfo(String),
+    #[error("{0:?} is not an origin: a path, query or fragment does not belong in it (origins are scheme://host[:port])")]
+    Path(String),
+    #[error("{0:?} is not an origin: the port must be a number from 1 to 65535")]
+    Port(String),
+    #[error("{0:?} is not an origin: the host may hold only ASCII letters, digits, '-' and '.' (an internationalised name in its xn-- form), or an IP address")]
+    Host(String),
+}
+
+impl Origin {
+    /// Parses `scheme://host[:port]`: `https://api.example.com`, `http://127.0.0.1:8089`,
+    /// `http://[::1]:8080`. The port defaults to the scheme's; the host is lowercased; a trailing `/` is
+    /// accepted, any other path, a query, a fragment or a user name are not.
+    pub fn parse(text: &str) -> Result<Origin, OriginError> {
+        let input = text.trim();
+        let owned = || input.to_string();
+        let (scheme, rest) = input
+            .split_once("://")
+            .ok_or_else(|| OriginError::NoScheme(owned()))?;
+        let scheme = match scheme.to_ascii_lowercase().as_str() {
+            "http" => Scheme::Http,
+            "https" => Scheme::Https,
+            _ => return Err(OriginError::Scheme(owned())),
+        };
+        let authority = rest.strip_suffix('/').unwrap_or(rest);
+        if authority.contains('@') {
+            return Err(OriginError::UserInfo(owned()));
+        }
+        if authority.contains(['/', '?', '#']) {
+            return Err(OriginError::Path(owned()));
+        }
+        let (host, port) = if authority.starts_with('[') {
+            // An IPv6 address: [addr] or [addr]:port.
+            match authority.split_once(']') {
+                Some((address, "")) => (format!("{address}]"), None),
+                Some((address, after)) => match after.strip_prefix(':') {
+                    Some(port) => (format!("{address}]"), Some(port)),
+                    None => return Err(OriginError::Host(owned())),
+                },
+                None => return Err(OriginError::Host(owned())),
+            }
+        } else {
+            match authority.split_once(':') {
+                Some((host, port)) => (host.to_string(), Some(port)),
+                None => (authority.to_string(), None),
+            }
+        };
+        if host.is_empty() {
+            return Err(OriginError::NoHost(owned()));
+        }
+        let host = normalize_host(&host).map_err(|()| OriginError::Host(owned()))?;
+        let port = match port {
+            None => scheme.default_port(),
+            Some(digits) => match digits.parse::<u16>() {
+                Ok(port) if port != 0 && digits.bytes().all(|b| b.is_ascii_digit()) => port,
+                _ => return Err(OriginError::Port(owned())),
+            },
+        };
+        Ok(Origin { scheme, host, port })
+    }
+
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    /// Lowercase; an IPv6 address in brackets, as in a URL.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl FromStr for Origin {
+    type Err = OriginError;
+
+    fn from_str(text: &str) -> Result<Origin, OriginError> {
+        Origin::parse(text)
+    }
+}
+
+impl fmt::Display for Origin {
+    /// `scheme://host`, with `:port` when it is not the scheme's default.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}", self.scheme, self.host)?;
+        if self.port != self.scheme.default_port() {
+            write!(f, ":{}", self.port)?;
+        }
+        Ok(())
+    }
+}
+
+/// The host as origins keep it: lowercase ASCII, an IPv6 address in brackets in its canonical form.
+fn normalize_host(host: &str) -> Result<String, ()> {
+    if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        let address: std::net::Ipv6Addr = inner.parse().map_err(|_| ())?;
+        return Ok(format!("[{address}]"));
+    }
+    let valid = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if valid {
+        Ok(host.to_ascii_lowercase())
+    } else {
+        Err(())
+    }
+}
+
+/// The `wasi:http` hooks of one instance: the policy's decision on each request, its timeouts and its cap.
+pub struct PolicyHooks {
+    policy: Arc<HttpPolicy>,
+    open: Arc<AtomicUsize>,
+}
+
+impl PolicyHooks {
+    pub fn new(policy: Arc<HttpPolicy>) -> PolicyHooks {
+        PolicyHooks {
+            policy,
+            open: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Why `request` may not go out, if it may not.
+    fn check(&self, request: &http::Request<WasiBody>) -> Result<(), Error> {
+        let uri = request.uri();
+        let scheme = match uri.scheme_str() {
+            Some("http") => Scheme::Http,
+            Some("https") => Scheme::Https,
+            _ => return Err(Error::HttpRequestDenied),
+        };
+        let Some(authority) = uri.authority() else {
+            return Err(Error::HttpRequestUriInvalid);
+        };
+        let host = authority.host();
+        let port = authority.port_u16().unwrap_or(scheme.default_port());
+        // A user name in the authority is never allowed: the host is checked and connected to as one
+        // string, with nothing for two parsers to read differently.
+        if authority.as_str().contains('@') || !self.policy.allows(scheme, host, port) {
+            tracing::warn!(
+                scheme = scheme.as_str(),
+                host,
+                port,
+                "an agent's HTTP request was denied: its origin is not on the allowlist"
+            );
+            return Err(Error::HttpRequestDenied);
+        }
+        Ok(())
+    }
+}
+
+/// A place among [`MAX_OPEN_REQUESTS`], given back when dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(open: &Arc<AtomicUsize>) -> Option<Slot> {
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < MAX_OPEN_REQUESTS).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| Slot(open.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A future that only reports whether something failed: the I/O of a response's connection after its
+/// head arrived (and, in `send_request`, the unused report of response processing errors).
+type IoFuture = Box<dyn Future<Output = Result<(), Error>> + Send>;
+
+type SendFuture =
+    Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), Error>> + Send>;
+
+impl WasiHttpHooks for PolicyHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: IoFuture,
+    ) -> SendFuture {
+        if let Err(error) = self.check(&request) {
+            return Box::new(async move { Err(error) });
+        }
+        let Some(slot) = Slot::take(&self.open) else {
+            tracing::warn!(
+                limit = MAX_OPEN_REQUESTS,
+                "an agent's HTTP request was refused: too many requests open"
+            );
+            return Box::new(async { Err(Error::ConnectionLimitReached) });
+        };
+        let policy = self.policy.clone();
+        Box::new(send(request, options, policy, slot))
+    }
+}
+
+/// The smaller of the guest's timeout, if any, and the policy's.
+fn bounded(guest: Option<Duration>, policy: Duration) -> Option<Duration> {
+    Some(guest.map_or(policy, |guest| guest.min(policy)))
+}
+
+async fn send(
+    request: http::Request<WasiBody>,
+    options: Option<RequestOptions>,
+    policy: Arc<HttpPolicy>,
+    slot: Slot,
+) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
+    let options = options.unwrap_or_default();
+    let options = RequestOptions {
+        connect_timeout: bounded(options.connect_timeout, policy.timeout),
+        first_byte_timeout: bounded(options.first_byte_timeout, policy.timeout),
+        between_bytes_timeout: bounded(options.between_bytes_timeout, policy.timeout),
+    };
+    let cap = policy.max_response_bytes;
+    let head = request.method() == Method::HEAD;
+    let exchange = async move {
+        let (response, io) =
+            wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
+        // The connection's I/O, driven while the body is read (and after, until the guest drops it).
+        let io = wasmtime_wasi::runtime::spawn(io);
+        let bodiless = head
+            || response.status().is_informational()
+            || response.status() == StatusCode::NO_CONTENT
+            || response.status() == StatusCode::NOT_MODIFIED;
+        if !bodiless {
+            if let Some(length) = content_length(response.headers()) {
+                if length > cap {
+                    return Err(Error::HttpResponseBodySize(Some(length)));
+                }
+            }
+        }
+        let (parts, body) = response.into_parts();
+        let (data, trailers) = read_body(body, cap).await?;
+        let body = Buffered {
+            data: Some(data),
+            trailers,
+            _slot: slot,
+        };
+        // The task ends with the connection; it is aborted if the guest drops the body first.
+        let io: IoFuture = Box::new(io);
+        Ok((http::Response::from_parts(parts, body.boxed_unsync()), io))
+    };
+    match tokio::time::timeout(policy.timeout, exchange).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::HttpResponseTimeout),
+    }
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// The whole body and its trailers; past `cap` bytes, `HttpResponseBodySize`.
+async fn read_body<B>(mut body: B, cap: u64) -> Result<(Bytes, Option<HeaderMap>), Error>
+where
+    B: Body<Data = Bytes, Error = Error> + Unpin,
+{
+    let mut data = Vec::new();
+    let mut trailers = None;
+    while let Some(frame) = body.frame().await {
+        match frame?.into_data() {
+            Ok(chunk) => {
+                let total = data.len() as u64 + chunk.len() as u64;
+                if total > cap {
+                    return Err(Error::HttpResponseBodySize(Some(total)));
+                }
+                data.extend_from_slice(&chunk);
+            }
+            Err(frame) => {
+                if let Ok(map) = frame.into_trailers() {
+                    trailers = Some(map);
+                }
+            }
+        }
+    }
+    Ok((Bytes::from(data), trailers))
+}
+
+/// A response body the host has read whole: the data, then the trailers. It holds its request's
+/// [`Slot`] until the guest has read it or dropped it.
+struct Buffered {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+    _slot: Slot,
+}
+
+impl Body for Buffered {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        if let Some(data) = self.data.take().filter(|data| !data.is_empty()) {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(self.trailers.take().map(|map| Ok(Frame::trailers(map))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.as_ref().is_none_or(Bytes::is_empty) && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |data| data.len() as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin(text: &str) -> Origin {
+        Origin::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    #[test]
+    fn origins_parse_with_the_default_port_of_their_scheme_and_a_lowercase_host() {
+        let o = origin("https://API.Example.com");
+        assert_eq!(
+            (o.scheme(), o.host(), o.port()),
+            (Scheme::Https, "api.example.com", 443)
+        );
+        let o = origin("http://127.0.0.1:8089");
+        assert_eq!(
+            (o.scheme(), o.host(), o.port()),
+            (Scheme::Http, "127.0.0.1", 8089)
+        );
+        assert_eq!(origin("http://example.com").port(), 80);
+        assert_eq!(origin("HTTPS://example.com:8443/").port(), 8443);
+        assert_eq!(origin("  https://example.com  ").host(), "example.com");
+        let o = origin("http://[0:0::1]:8080");
+        assert_eq!((o.host(), o.port()), ("[::1]", 8080));
+        assert_eq!(origin("https://[::1]").port(), 443);
+        assert_eq!(
+            origin("https://xn--bcher-kva.example").host(),
+            "xn--bcher-kva.example"
+        );
+    }
+
+    #[test]
+    fn origins_display_as_scheme_host_and_a_port_only_when_it_is_not_the_default() {
+        assert_eq!(
+            origin("https://API.example.com:443").to_string(),
+            "https://api.example.com"
+        );
+        assert_eq!(
+            origin("http://127.0.0.1:8089/").to_string(),
+            "http://127.0.0.1:8089"
+        );
+        assert_eq!(origin("http://[::1]:80").to_string(), "http://[::1]");
+        assert_eq!(
+            "https://a.example:444"
+                .parse::<Origin>()
+                .unwrap()
+                .to_string(),
+            "https://a.example:444"
+        );
+    }
+
+    #[test]
+    fn texts_that_are_not_origins_are_refused_with_the_reason() {
+        type Case = (&'static str, fn(String) -> OriginError);
+        let cases: &[Case] = &[
+            ("api.example.com", OriginError::NoScheme),
+            ("", OriginError::NoScheme),
+            ("ftp://example.com", OriginError::Scheme),
+            ("ws://example.com", OriginError::Scheme),
+            ("https://", OriginError::NoHost),
+            ("https://:443", OriginError::NoHost),
+            ("https://user:secret@example.com", OriginError::UserInfo),
+            ("https://example.com/v1", OriginError::Path),
+            ("https://example.com//", OriginError::Path),
+            ("https://example.com?key=secret", OriginError::Path),
+            ("https://example.com#top", OriginError::Path),
+            ("https://example.com:", OriginError::Port),
+            ("https://example.com:0", OriginError::Port),
+            ("https://example.com:65536", OriginError::Port),
+            ("https://example.com:+80", OriginError::Port),
+            ("https://example.com:http", OriginError::Port),
+            ("https://exa_mple.com", OriginError::Host),
+            ("https://bücher.example", OriginError::Host),
+            ("https://exa%6dple.com", OriginError::Host),
+            ("http://[::1", OriginError::Host),
+            ("http://[not-ipv6]", OriginError::Host),
+            ("http://[::1]x", OriginError::Host),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(
+                Origin::parse(text),
+                Err(expected(text.trim().to_string())),
+                "{text:?}"
+            );
+        }
+        let message = Origin::parse("https://example.com/v1")
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("path"), "{message}");
+    }
+
+    #[test]
+    fn a_policy_allows_exactly_its_origins() {
+        let policy = HttpPolicy::allowing([
+            origin("https://api.example.com"),
+            origin("http://[::1]:8080"),
+        ]);
+        assert!(policy.allows(Scheme::Https, "api.example.com", 443));
+        assert!(policy.allows(Scheme::Https, "API.example.COM", 443));
+        assert!(policy.allows(Scheme::Http, "[0::1]", 8080));
+        assert!(!policy.allows(Scheme::Http, "api.example.com", 443));
+        assert!(!policy.allows(Scheme::Https, "api.example.com", 8443));
+        assert!(!policy.allows(Scheme::Https, "evil.api.example.com", 443));
+        assert!(!policy.allows(Scheme::Https, "api.example.com.", 443));
+        assert!(!HttpPolicy::default().allows(Scheme::Https, "api.example.com", 443));
+        assert_eq!(HttpPolicy::default().timeout, Duration::from_secs(10));
+        assert_eq!(HttpPolicy::default().max_response_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn the_open_requests_of_an_instance_are_bounded() {
+        let open = Arc::new(AtomicUsize::new(0));
+        let slots: Vec<Slot> = (0..MAX_OPEN_REQUESTS)
+            .map(|_| Slot::take(&open).expect("a slot"))
+            .collect();
+        assert!(Slot::take(&open).is_none());
+        drop(slots);
+        assert_eq!(open.load(Ordering::Acquire), 0);
+        assert!(Slot::take(&open).is_some());
+    }
+}

@@ -1,0 +1,473 @@
+//! `voicehost serve`: many tenants' agents on one host. It keeps one [`link`] (the agent's connections to
+//! Sent, with its tenant's key) for every agent with an active version, and changes what they serve as the
+//! admin API activates, rolls back, or deletes versions. Registry changes happen one at a time, under one
+//! lock; serving calls never takes it.
+
+use crate::admission::{Admission, Gate};
+use crate::config::{ServeConfig, Tenant};
+use crate::connection::Dial;
+use crate::link::{self, AgentConfig, Deployment};
+use crate::registry::{
+    AgentRecord, DiskStore, PolicyRecord, Registry, RegistryError, VersionRecord,
+};
+use crate::sandbox::{LoadError, Sandbox};
+use crate::session::{CallRules, FailurePolicy};
+use crate::stats::{Counter, LiveSession, Stats};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Why the server refused a change asked through the admin API.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// One agent being served.
+struct Running {
+    deployment: watch::Sender<Arc<Deployment>>,
+    stop: watch::Sender<bool>,
+    stats: Arc<Stats>,
+    task: JoinHandle<()>,
+}
+
+/// The multi-tenant host.
+pub struct Server {
+    sandbox: Sandbox,
+    sent_url: String,
+    connections: usize,
+    tenants: BTreeMap<String, (Tenant, Arc<Gate>)>,
+    registry: tokio::sync::Mutex<Registry>,
+    running: Mutex<BTreeMap<(String, String), Running>>,
+    ready: AtomicBool,
+    /// Components compiled by this process (a restart with a warm cache compiles none).
+    pub compilations: Counter,
+    /// Components loaded from the compiled cache.
+    pub cache_loads: Counter,
+}
+
+impl Server {
+    /// Opens the data directory and reads every tenant's key. Serves nothing until [`Server::start`].
+    pub fn open(config: &ServeConfig) -> anyhow::Result<Arc<Server>> {
+        let tenants = config
+            .tenants()?
+            .into_iter()
+            .map(|tenant| {
+                let gate = Gate::new(tenant.limits.max_sessions);
+                (tenant.id.clone(), (tenant, gate))
+            })
+            .collect();
+        let store = DiskStore::new(config.data_dir.join("components"))
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", config.data_dir.display()))?;
+        let registry = Registry::open(Box::new(store))?;
+        let sandbox = Sandbox::new()?.with_cache(config.data_dir.join("compiled"));
+        Ok(Arc::new(Server {
+            sandbox,
+            sent_url: config.sent_url.clone(),
+            connections: config.connections,
+            tenants,
+            registry: tokio::sync::Mutex::new(registry),
+            running: Mutex::new(BTreeMap::new()),
+            ready: AtomicBool::new(false),
+            compilations: Counter::default(),
+            cache_loads: Counter::default(),
+        }))
+    }
+
+    /// Serves every active version in the registry; then the server is ready.
+    pub async fn start(self: &Arc<Server>) {
+        let started = Instant::now();
+        let registry = self.registry.lock().await;
+        for (tenant, agent, version) in registry.active() {
+            if !self.tenants.contains_key(&tenant) {
+                tracing::warn!(
+                    tenant,
+                    agent,
+                    "the tenant is no longer in the config: not serving its agent"
+                );
+                continue;
+            }
+            let record = match registry.agent(&tenant, &agent) {
+                Ok(record) => record.clone(),
+                Err(_) => continue,
+            };
+            match self
+                .deployment(&registry, &tenant, &agent, &record, &version)
+                .await
+            {
+                Ok(deployment) => self.serve(&tenant, &agent, deployment),
+                Err(error) => {
+                    tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version")
+                }
+            }
+        }
+        drop(registry);
+        self.ready.store(true, Ordering::Release);
+        tracing::info!(
+            agents = self.running().len(),
+            compiled = self.compilations.get(),
+            from_cache = self.cache_loads.get(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "serving"
+        );
+    }
+
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// The tenant whose admin token this is.
+    pub fn tenant_by_token(&self, token: &str) -> Option<&Tenant> {
+        // Every tenant is checked, so the time taken does not tell which one matched.
+        let mut found = None;
+        for (tenant, _) in self.tenants.values() {
+            if tenant.owns_token(token) {
+                found = Some(tenant);
+            }
+        }
+        found
+    }
+
+    pub fn tenant(&self, id: &str) -> Option<&Tenant> {
+        self.tenants.get(id).map(|(tenant, _)| tenant)
+    }
+
+    // ----- what the admin API asks -----
+
+    /// Validates and compiles `wasm` on this host, then keeps it as the agent's next version; nothing is
+    /// stored when it cannot serve as an agent.
+    pub async fn upload(
+        self: &Arc<Server>,
+        tenant: &str,
+        agent: &str,
+        wasm: bytes::Bytes,
+        activate: bool,
+    ) -> Result<VersionRecord, ServeError> {
+        check_agent_id(agent)?;
+        self.compile(wasm.clone()).await?;
+        let mut registry = self.registry.lock().await;
+        let version = registry.add_version(tenant, agent, &wasm, unix_now())?;
+        tracing::info!(
+            tenant,
+            agent,
+            version = version.version,
+            digest = %version.digest,
+            size_bytes = version.size_bytes,
+            "uploaded"
+        );
+        if activate {
+            self.activate_locked(&mut registry, tenant, agent, version.version)
+                .await?;
+        }
+        Ok(version)
+    }
+
+    pub async fn agents(&self, tenant: &str) -> Vec<(String, AgentRecord)> {
+        let registry = self.registry.lock().await;
+        registry
+            .agents(tenant)
+            .map(|(id, record)| (id.clone(), record.clone()))
+            .collect()
+    }
+
+    pub async fn agent(&self, tenant: &str, agent: &str) -> Result<AgentRecord, ServeError> {
+        Ok(self.registry.lock().await.agent(tenant, agent)?.clone())
+    }
+
+    /// New calls get `version`; live calls finish on theirs.
+    pub async fn activate(
+        self: &Arc<Server>,
+        tenant: &str,
+        agent: &str,
+        version: u32,
+    ) -> Result<AgentRecord, ServeError> {
+        let mut registry = self.registry.lock().await;
+        self.activate_locked(&mut registry, tenant, agent, version)
+            .await?;
+        Ok(registry.agent(tenant, agent)?.clone())
+    }
+
+    /// Goes back to the version active before the current one.
+    pub async fn rollback(
+        self: &Arc<Server>,
+        tenant: &str,
+        agent: &str,
+    ) -> Result<AgentRecord, ServeError> {
+        let mut registry = self.registry.lock().await;
+        let record = registry.agent(tenant, agent)?.clone();
+        let Some(&back) = record.previous.last() else {
+            return Err(RegistryError::nothing_to_roll_back(agent).into());
+        };
+        let version = registry
+            .agent(tenant, agent)?
+            .version(back)
+            .cloned()
+            .ok_or_else(|| ServeError::Internal(format!("version {back} is gone")))?;
+        let deployment = self
+            .deployment(&registry, tenant, agent, &record, &version)
+            .await?;
+        registry.rollback(tenant, agent)?;
+        self.serve(tenant, agent, deployment);
+        tracing::info!(tenant, agent, version = back, "rolled back");
+        Ok(registry.agent(tenant, agent)?.clone())
+    }
+
+    /// The agent's failure policy, for its calls from now on.
+    pub async fn set_policy(
+        self: &Arc<Server>,
+        tenant: &str,
+        agent: &str,
+        policy: PolicyRecord,
+    ) -> Result<AgentRecord, ServeError> {
+        if let PolicyRecord::Transfer { to } = &policy {
+            if to.kind.is_empty() || to.value.is_empty() {
+                return Err(ServeError::BadRequest(
+                    "a transfer needs the party's kind and value".into(),
+                ));
+            }
+        }
+        let mut registry = self.registry.lock().await;
+        registry.set_policy(tenant, agent, policy)?;
+        let record = registry.agent(tenant, agent)?.clone();
+        let current = self
+            .running()
+            .get(&key(tenant, agent))
+            .map(|r| r.deployment.borrow().clone());
+        if let Some(current) = current {
+            let deployment = Deployment {
+                version: current.version,
+                code: current.code.clone(),
+                rules: self.rules(tenant, agent, &record),
+            };
+            self.serve(tenant, agent, deployment);
+        }
+        Ok(record)
+    }
+
+    pub async fn delete_version(
+        &self,
+        tenant: &str,
+        agent: &str,
+        version: u32,
+    ) -> Result<(), ServeError> {
+        Ok(self
+            .registry
+            .lock()
+            .await
+            .delete_version(tenant, agent, version)?)
+    }
+
+    /// Forgets the agent: its connections close, and Sent sends its live calls to their fallback.
+    pub async fn delete_agent(&self, tenant: &str, agent: &str) -> Result<(), ServeError> {
+        let mut registry = self.registry.lock().await;
+        registry.delete_agent(tenant, agent)?;
+        let running = self.running().remove(&key(tenant, agent));
+        if let Some(running) = running {
+            let _ = running.stop.send(true);
+            let _ = tokio::time::timeout(Duration::from_secs(5), running.task).await;
+        }
+        tracing::info!(tenant, agent, "deleted");
+        Ok(())
+    }
+
+    /// The tenant's live calls: (agent, call).
+    pub fn sessions(&self, tenant: &str) -> Vec<(String, LiveSession)> {
+        self.running()
+            .iter()
+            .filter(|((t, _), _)| t == tenant)
+            .flat_map(|((_, agent), running)| {
+                running
+                    .stats
+                    .live()
+                    .into_iter()
+                    .map(|live| (agent.clone(), live))
+            })
+            .collect()
+    }
+
+    /// How many calls the agent serves now.
+    pub fn live_sessions(&self, tenant: &str, agent: &str) -> usize {
+        self.running()
+            .get(&key(tenant, agent))
+            .map_or(0, |r| r.stats.live_count())
+    }
+
+    /// Every served agent's counters: (tenant, agent, stats).
+    pub fn stats(&self) -> Vec<(String, String, Arc<Stats>)> {
+        self.running()
+            .iter()
+            .map(|((tenant, agent), r)| (tenant.clone(), agent.clone(), r.stats.clone()))
+            .collect()
+    }
+
+    /// Stops serving every agent: their connections close, live calls go to Sent's fallback.
+    pub async fn shutdown(&self) {
+        let running: Vec<Running> = std::mem::take(&mut *self.running()).into_values().collect();
+        for agent in &running {
+            let _ = agent.stop.send(true);
+        }
+        for agent in running {
+            let _ = tokio::time::timeout(Duration::from_secs(5), agent.task).await;
+        }
+    }
+
+    // ----- inside -----
+
+    fn running(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), Running>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn activate_locked(
+        self: &Arc<Server>,
+        registry: &mut Registry,
+        tenant: &str,
+        agent: &str,
+        version: u32,
+    ) -> Result<(), ServeError> {
+        let record = registry.agent(tenant, agent)?.clone();
+        let chosen = record
+            .version(version)
+            .cloned()
+            .ok_or_else(|| RegistryError::NoVersion {
+                agent: agent.to_string(),
+                version,
+            })?;
+        // Compiled (or read from the cache) before anything changes: a version that cannot load is never
+        // made active.
+        let deployment = self
+            .deployment(registry, tenant, agent, &record, &chosen)
+            .await?;
+        registry.activate(tenant, agent, version)?;
+        self.serve(tenant, agent, deployment);
+        tracing::info!(tenant, agent, version, "activated");
+        Ok(())
+    }
+
+    /// The version ready to serve: its component from the store, compiled or from the cache.
+    async fn deployment(
+        &self,
+        registry: &Registry,
+        tenant: &str,
+        agent: &str,
+        record: &AgentRecord,
+        version: &VersionRecord,
+    ) -> Result<Deployment, ServeError> {
+        let wasm = registry.component(version)?;
+        let code = self.compile(wasm.into()).await?;
+        Ok(Deployment {
+            version: version.version,
+            code,
+            rules: self.rules(tenant, agent, record),
+        })
+    }
+
+    async fn compile(&self, wasm: bytes::Bytes) -> Result<crate::sandbox::AgentCode, ServeError> {
+        let sandbox = self.sandbox.clone();
+        // Compiling a large component takes seconds of CPU: off the async workers.
+        let code = tokio::task::spawn_blocking(move || sandbox.load(&wasm))
+            .await
+            .map_err(|e| ServeError::Internal(format!("compilation stopped: {e}")))??;
+        if code.from_cache() {
+            self.cache_loads.inc();
+        } else {
+            self.compilations.inc();
+        }
+        Ok(code)
+    }
+
+    fn rules(&self, tenant: &str, agent: &str, record: &AgentRecord) -> CallRules {
+        let policy = match &record.failure_policy {
+            PolicyRecord::Hangup => FailurePolicy::HangUp,
+            PolicyRecord::Transfer { to } => FailurePolicy::Transfer {
+                kind: to.kind.clone(),
+                value: to.value.clone(),
+            },
+        };
+        let limits = match self.tenant(tenant) {
+            Some(tenant) => tenant.agent_limits(agent).sandbox(tenant.http.clone()),
+            None => Default::default(),
+        };
+        CallRules {
+            limits,
+            policy,
+            ..CallRules::default()
+        }
+    }
+
+    /// Makes `deployment` what the agent's new calls get, connecting the agent first if needed.
+    fn serve(self: &Arc<Server>, tenant: &str, agent: &str, deployment: Deployment) {
+        let deployment = Arc::new(deployment);
+        let mut running = self.running();
+        if let Some(current) = running.get(&key(tenant, agent)) {
+            if !current.task.is_finished() {
+                current.deployment.send_replace(deployment);
+                return;
+            }
+        }
+        let Some((tenant_config, tenant_gate)) = self.tenants.get(tenant) else {
+            return;
+        };
+        let mut gates = vec![tenant_gate.clone()];
+        if let Some(cap) = tenant_config.agent_session_cap(agent) {
+            gates.push(Gate::new(cap));
+        }
+        let (deployments, receiver) = watch::channel(deployment);
+        let (stop, stopped) = watch::channel(false);
+        let stats = Arc::new(Stats::default());
+        let config = AgentConfig {
+            dial: Dial::new(self.sent_url.clone(), agent, tenant_config.api_key.clone()),
+            deployment: receiver,
+            connections: self.connections,
+            admission: Admission::new(gates),
+        };
+        let (tenant_id, agent_id) = (tenant.to_string(), agent.to_string());
+        let task = tokio::spawn({
+            let stats = stats.clone();
+            async move {
+                if let Err(error) = link::serve(config, stats, stopped).await {
+                    tracing::error!(tenant = tenant_id, agent = agent_id, %error, "Sent refused the agent: it is not served until it is activated again");
+                }
+            }
+        });
+        running.insert(
+            key(tenant, agent),
+            Running {
+                deployment: deployments,
+                stop,
+                stats,
+                task,
+            },
+        );
+    }
+}
+
+fn key(tenant: &str, agent: &str) -> (String, String) {
+    (tenant.to_string(), agent.to_string())
+}
+
+fn check_agent_id(agent: &str) -> Result<(), ServeError> {
+    if crate::config::valid_id(agent) {
+        Ok(())
+    } else {
+        Err(ServeError::BadRequest(format!(
+            "agent id {:?}: use 1–64 letters, digits, `_` or `-`",
+            agent.chars().take(80).collect::<String>()
+        )))
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

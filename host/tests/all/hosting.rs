@@ -1,0 +1,228 @@
+//! What the multi-tenant tests share: `voicehost serve`'s server in-process, with its admin API on a loopback
+//! port, two tenants (acme and globex) whose agents connect to the Sent simulator, and a small HTTP client.
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use sentsim::sim::Account;
+use sentsim::{ConnHandle, Sim, SimConfig};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use voicehost::config::{token_sha256, ServeConfig};
+use voicehost::server::Server;
+
+pub const ACME_TOKEN: &str = "vh_acme_admin_token_do_not_leak";
+pub const GLOBEX_TOKEN: &str = "vh_globex_admin_token_do_not_leak";
+pub const ACME_KEY: &str = "sk_acme_sent_key_do_not_leak";
+pub const GLOBEX_KEY: &str = "sk_globex_sent_key_do_not_leak";
+
+/// The simulator, and the server hosting acme and globex on it.
+pub struct Hosting {
+    pub sim: Sim,
+    pub server: Arc<Server>,
+    /// The admin API's base URL.
+    pub admin: String,
+    pub dir: PathBuf,
+    config: PathBuf,
+    api: tokio::task::JoinHandle<()>,
+}
+
+/// The Sent accounts of both tenants.
+fn accounts() -> Vec<Account> {
+    vec![
+        Account {
+            api_key: ACME_KEY.into(),
+            agents: vec!["agent_acme".into(), "agent_acme2".into()],
+        },
+        Account {
+            api_key: GLOBEX_KEY.into(),
+            agents: vec!["agent_globex".into()],
+        },
+    ]
+}
+
+impl Hosting {
+    /// A fresh data directory named `name`; `acme` is appended to acme's `[[tenants]]` table (its limits,
+    /// its HTTP policy).
+    pub async fn start(name: &str, acme: &str) -> Hosting {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let sim = Sim::start_local(SimConfig {
+            heartbeat_interval_ms: 1000,
+            accounts: accounts(),
+            ..SimConfig::default()
+        })
+        .await
+        .unwrap();
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("hosting-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("acme.key"), ACME_KEY).unwrap();
+        std::fs::write(dir.join("globex.key"), GLOBEX_KEY).unwrap();
+        let config = dir.join("voicehost.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+data_dir = "data"
+sent_url = "{url}"
+
+[[tenants]]
+id = "globex"
+token_sha256 = "{globex}"
+api_key_file = "{dir}/globex.key"
+
+[[tenants]]
+id = "acme"
+token_sha256 = "{acme_hash}"
+api_key_file = "{dir}/acme.key"
+{acme}
+"#,
+                url = sim.url(),
+                globex = token_sha256(GLOBEX_TOKEN),
+                acme_hash = token_sha256(ACME_TOKEN),
+                dir = dir.display(),
+            ),
+        )
+        .unwrap();
+        Hosting::open(sim, dir, config).await
+    }
+
+    async fn open(sim: Sim, dir: PathBuf, config: PathBuf) -> Hosting {
+        let parsed = ServeConfig::read(&config).unwrap();
+        let server = Server::open(&parsed).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = format!("http://{}", listener.local_addr().unwrap());
+        let router = voicehost::admin::router(server.clone());
+        let api = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        server.start().await;
+        Hosting {
+            sim,
+            server,
+            admin,
+            dir,
+            config,
+            api,
+        }
+    }
+
+    /// Stops the server and opens a new one on the same data directory and config, as a restart does.
+    pub async fn restart(self) -> Hosting {
+        self.server.shutdown().await;
+        self.api.abort();
+        Hosting::open(self.sim, self.dir, self.config).await
+    }
+
+    /// Files under the data directory's `sub` (components, compiled), but the registry's index.
+    pub fn files(&self, sub: &str) -> Vec<String> {
+        std::fs::read_dir(self.dir.join("data").join(sub))
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|name| name != "index.json")
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A request to the admin API: (status, body as JSON, or as a string when it is not JSON).
+    pub async fn api(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
+        request(&self.admin, method, path, token, body).await
+    }
+
+    /// Uploads an example agent as acme's (or another tenant's) `agent`, activating it; returns the version.
+    pub async fn deploy(&self, token: &str, agent: &str, guest: &str) -> u64 {
+        let (status, body) = self
+            .api(
+                "POST",
+                &format!("/v1/agents/{agent}/versions?activate=true"),
+                Some(token),
+                crate::harness::guest(guest),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        body["version"].as_u64().unwrap()
+    }
+
+    /// The newest connection of `agent` the simulator holds.
+    pub async fn connection(&self, agent: &str) -> ConnHandle {
+        self.sim.connection_for(Some(agent)).await.unwrap()
+    }
+
+    pub async fn metrics(&self) -> String {
+        let (status, body) = self.api("GET", "/metrics", None, Vec::new()).await;
+        assert_eq!(status, 200);
+        body.as_str().unwrap().to_string()
+    }
+
+    /// Stops everything and removes the data directory.
+    pub async fn finish(self) {
+        let violations = self.sim.violations_since(0);
+        assert!(
+            violations.is_empty(),
+            "the host broke protocol rules: {violations:#?}"
+        );
+        self.server.shutdown().await;
+        self.api.abort();
+        self.sim.shutdown();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The value of one metric sample, by its name and labels as written (`name{labels}`).
+pub fn metric(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {sample} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// One HTTP/1.1 request on a fresh connection.
+pub async fn request(
+    base: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, Value) {
+    let authority = base.strip_prefix("http://").unwrap();
+    let stream = tokio::net::TcpStream::connect(authority).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut builder = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", authority);
+    if let Some(token) = token {
+        builder = builder.header("authorization", format!("Bearer {token}"));
+    }
+    let response = tokio::time::timeout(
+        Duration::from_secs(120),
+        sender.send_request(builder.body(Full::new(Bytes::from(body))).unwrap()),
+    )
+    .await
+    .expect("the admin API answers")
+    .unwrap();
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, value)
+}

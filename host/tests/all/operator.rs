@@ -1,0 +1,263 @@
+//! An operator's first minutes, with the real `voicehost` binary: make a token, write the config, `serve`,
+//! upload an agent with `voicehost agents`, take a call from the simulator, read sessions and metrics, stop
+//! with SIGTERM, start again (served from the cache), and at the end scan everything the host printed or
+//! answered for the API key, the admin tokens and the resume tokens.
+
+use crate::hosting::{metric, request};
+use sentsim::sim::Account;
+use sentsim::{Sim, SimConfig};
+use serde_json::Value;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_voicehost");
+const KEY: &str = "sk_operator_sent_key_do_not_leak";
+const AGENT: &str = "agent_support";
+
+/// A running `voicehost serve`, its stderr collected line by line.
+struct Served {
+    child: Child,
+    log: Arc<Mutex<String>>,
+    admin: String,
+}
+
+impl Served {
+    fn start(config: &Path) -> Served {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(config)
+            // Everything the host and its libraries log at debug, to be sure none of it holds a secret.
+            .env("RUST_LOG", "debug")
+            .env_remove("RUST_BACKTRACE")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("voicehost starts");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        let (found, addr) = std::sync::mpsc::channel();
+        std::thread::spawn({
+            let log = log.clone();
+            move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if line.contains("admin API listening") {
+                        if let Some(at) = line.split("addr=").nth(1) {
+                            let _ =
+                                found.send(at.split_whitespace().next().unwrap_or("").to_string());
+                        }
+                    }
+                    let mut log = log.lock().unwrap();
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            }
+        });
+        let addr = addr
+            .recv_timeout(Duration::from_secs(30))
+            .expect("voicehost says where its admin API listens");
+        Served {
+            child,
+            log,
+            admin: format!("http://{addr}"),
+        }
+    }
+
+    async fn healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, _) = request(&self.admin, "GET", "/healthz", None, vec![]).await;
+            if status == 200 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "never healthy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGTERM, and the exit that follows.
+    fn stop(mut self) -> String {
+        let terminated = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(terminated.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "voicehost did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "voicehost exited with {status}");
+        // The reader thread sees the end of the pipe soon after the exit.
+        std::thread::sleep(Duration::from_millis(100));
+        let log = self.log.lock().unwrap().clone();
+        log
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `voicehost agents …` as the operator types it; returns stdout, and fails on a non-zero exit.
+fn agents(admin: &str, token: &str, args: &[&str]) -> String {
+    let output = Command::new(BIN)
+        .arg("agents")
+        .args(args)
+        .env("VOICEHOST_ADMIN", admin)
+        .env("VOICEHOST_TOKEN", token)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    );
+    assert!(output.status.success(), "agents {args:?}: {stderr}");
+    stdout + &stderr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_serves_an_uploaded_agent_restarts_from_the_cache_and_no_secret_leaks() {
+    let sim = Sim::start_local(SimConfig {
+        heartbeat_interval_ms: 1000,
+        accounts: vec![Account {
+            api_key: KEY.into(),
+            agents: vec![AGENT.into()],
+        }],
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("operator-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+
+    // A token for the tenant, and the line for the config.
+    let made = Command::new(BIN).args(["token", "new"]).output().unwrap();
+    let made = String::from_utf8(made.stdout).unwrap();
+    let mut lines = made.lines();
+    let token = lines.next().unwrap().trim().to_string();
+    let hash_line = lines.next().unwrap().trim().to_string();
+    assert!(token.starts_with("vh_"), "{made}");
+    assert!(hash_line.starts_with("token_sha256 = "), "{made}");
+    let mut hashed = Command::new(BIN)
+        .args(["token", "hash"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(hashed.stdin.as_mut().unwrap(), token.as_bytes()).unwrap();
+    let hashed = String::from_utf8(hashed.wait_with_output().unwrap().stdout).unwrap();
+    assert!(hash_line.contains(hashed.trim()), "{hashed} in {hash_line}");
+
+    std::fs::write(dir.join("support.key"), KEY).unwrap();
+    let config = dir.join("voicehost.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"data\"\nsent_url = \"{}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
+             [[tenants]]\nid = \"support-co\"\n{hash_line}\napi_key_file = \"{}\"\n",
+            sim.url(),
+            dir.join("support.key").display()
+        ),
+    )
+    .unwrap();
+
+    let served = Served::start(&config);
+    served.healthy().await;
+    let wasm = format!("{}/conformance.wasm", env!("VOICEHOST_GUESTS"));
+    let uploaded = agents(
+        &served.admin,
+        &token,
+        &["upload", AGENT, &wasm, "--activate"],
+    );
+    let mut said = Vec::new();
+    let conn = sim.connection_for(Some(AGENT)).await.unwrap();
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    let sessions = agents(&served.admin, &token, &["sessions"]);
+    assert!(sessions.contains(&call.id), "{sessions}");
+    call.say("echo first run");
+    call.expect_say("first run").await.unwrap();
+    call.end("completed");
+    let listed = agents(&served.admin, &token, &["list", "--json"]);
+    let listed: Value = serde_json::from_str(&listed).expect(&listed);
+    assert_eq!(listed["agents"][0]["active_version"], 1, "{listed}");
+    let (_, metrics) = request(&served.admin, "GET", "/metrics", None, vec![]).await;
+    let metrics = metrics.as_str().unwrap().to_string();
+    let labels = format!("tenant=\"support-co\",agent=\"{AGENT}\"");
+    assert_eq!(
+        metric(
+            &metrics,
+            &format!("voicehost_sessions_started_total{{{labels}}}")
+        ),
+        1.0
+    );
+    assert_eq!(metric(&metrics, "voicehost_compilations_total"), 1.0);
+    said.extend([uploaded, sessions, listed.to_string(), metrics]);
+    let mut logs = served.stop();
+
+    // Started again on the same data directory: nothing is compiled, and calls are served.
+    let served = Served::start(&config);
+    served.healthy().await;
+    let (_, metrics) = request(&served.admin, "GET", "/metrics", None, vec![]).await;
+    let metrics = metrics.as_str().unwrap().to_string();
+    assert_eq!(
+        metric(&metrics, "voicehost_compilations_total"),
+        0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "voicehost_compiled_cache_loads_total"),
+        1.0
+    );
+    let conn = sim.connection_for(Some(AGENT)).await.unwrap();
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    let shown = agents(&served.admin, &token, &["show", AGENT]);
+    call.end("completed");
+    said.extend([metrics, shown]);
+    logs.push_str(&served.stop());
+
+    // The resume tokens Sent handed out, from the simulator's own record.
+    let resume_tokens: Vec<String> = sim
+        .recorder()
+        .since(0, |r| r.json().is_some())
+        .iter()
+        .filter_map(|r| r.json()?["resume"]["token"].as_str().map(str::to_string))
+        .collect();
+    assert!(!resume_tokens.is_empty(), "the calls had resume tokens");
+    assert!(
+        logs.contains("session started"),
+        "the log is the host's: {logs}"
+    );
+    let everything = said.join("\n") + &logs;
+    for secret in [KEY, &token]
+        .into_iter()
+        .chain(resume_tokens.iter().map(String::as_str))
+    {
+        assert!(
+            !everything.contains(secret),
+            "a secret ({}…) appears in what the host printed or answered",
+            &secret[..6]
+        );
+    }
+    sim.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,464 @@
+//! Many tenants on one host, through the admin API: isolation, uploads that cannot serve, versions going
+//! live under calls, restarts, and the limits a tenant's config sets. The server runs in-process; its
+//! agents take real calls from the Sent simulator on loopback.
+
+use crate::hosting::{metric, Hosting, ACME_TOKEN, GLOBEX_TOKEN};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const ACME: &str = "tenant=\"acme\",agent=\"agent_acme\"";
+
+fn body(value: Value) -> Vec<u8> {
+    value.to_string().into_bytes()
+}
+
+/// Waits until `check` holds for the server's metrics.
+async fn until_metrics(hosting: &Hosting, what: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = hosting.metrics().await;
+        if check(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{what}: never\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_cannot_list_read_activate_or_delete_another_tenants_agents_nor_see_its_sessions()
+{
+    let hosting = Hosting::start("isolation", "").await;
+    hosting
+        .deploy(GLOBEX_TOKEN, "agent_globex", "conformance")
+        .await;
+    let mut call = hosting.connection("agent_globex").await.start_text();
+    call.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+
+    let (status, agents) = hosting
+        .api("GET", "/v1/agents", Some(ACME_TOKEN), vec![])
+        .await;
+    assert_eq!((status, &agents), (200, &json!({"agents": []})));
+    for (method, path, payload) in [
+        ("GET", "/v1/agents/agent_globex", vec![]),
+        (
+            "POST",
+            "/v1/agents/agent_globex/activate",
+            body(json!({"version": 1})),
+        ),
+        ("POST", "/v1/agents/agent_globex/rollback", vec![]),
+        (
+            "PUT",
+            "/v1/agents/agent_globex/failure-policy",
+            body(json!({"action": "hangup"})),
+        ),
+        ("DELETE", "/v1/agents/agent_globex/versions/1", vec![]),
+        ("DELETE", "/v1/agents/agent_globex", vec![]),
+    ] {
+        let (status, answer) = hosting.api(method, path, Some(ACME_TOKEN), payload).await;
+        assert_eq!(status, 404, "{method} {path}: {answer}");
+        assert_eq!(answer["error"]["code"], "not_found", "{method} {path}");
+    }
+    let (_, sessions) = hosting
+        .api("GET", "/v1/sessions", Some(ACME_TOKEN), vec![])
+        .await;
+    assert_eq!(sessions, json!({"sessions": []}));
+
+    // Globex still has everything, and sees its call.
+    let (status, agent) = hosting
+        .api("GET", "/v1/agents/agent_globex", Some(GLOBEX_TOKEN), vec![])
+        .await;
+    assert_eq!((status, agent["active_version"].as_u64()), (200, Some(1)));
+    let (_, sessions) = hosting
+        .api("GET", "/v1/sessions", Some(GLOBEX_TOKEN), vec![])
+        .await;
+    assert_eq!(sessions["sessions"][0]["session_id"], call.id.as_str());
+    call.say("echo still served");
+    call.expect_say("still served").await.unwrap();
+
+    for token in [None, Some("not-a-token"), Some("")] {
+        let (status, answer) = hosting.api("GET", "/v1/agents", token, vec![]).await;
+        assert_eq!(status, 401, "{token:?}");
+        assert_eq!(answer["error"]["code"], "unauthorized");
+    }
+    call.end("completed");
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_malformed_upload_is_refused_with_its_reason_and_nothing_is_stored() {
+    let hosting = Hosting::start("uploads", "[tenants.limits]\ncomponent_mib = 1").await;
+    let conformance = crate::harness::guest("conformance");
+    // The smallest valid component: it exports nothing, so it cannot be an agent.
+    let empty_component = b"\0asm\x0d\x00\x01\x00".to_vec();
+    let core_module = b"\0asm\x01\x00\x00\x00".to_vec();
+    let cases: [(&str, Vec<u8>, u16, &str); 6] = [
+        (
+            "not wasm",
+            b"#!/bin/sh\necho hi\n".to_vec(),
+            400,
+            "not_wasm",
+        ),
+        ("empty", Vec::new(), 400, "not_wasm"),
+        ("a core module", core_module, 400, "core_module"),
+        ("the wrong world", empty_component, 422, "wrong_world"),
+        (
+            "truncated",
+            conformance[..conformance.len() / 2].to_vec(),
+            400,
+            "invalid_component",
+        ),
+        ("over the cap", vec![0u8; (1 << 20) + 1], 413, "too_large"),
+    ];
+    for (what, wasm, status, code) in cases {
+        let (got, answer) = hosting
+            .api(
+                "POST",
+                "/v1/agents/agent_acme/versions",
+                Some(ACME_TOKEN),
+                wasm,
+            )
+            .await;
+        assert_eq!(
+            (got, answer["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{what}: {answer}"
+        );
+        assert!(!answer["error"]["message"].as_str().unwrap().is_empty());
+    }
+    let (status, answer) = hosting
+        .api(
+            "POST",
+            "/v1/agents/bad%2Fid/versions",
+            Some(ACME_TOKEN),
+            conformance.clone(),
+        )
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (400, Some("bad_request"))
+    );
+
+    let (_, agents) = hosting
+        .api("GET", "/v1/agents", Some(ACME_TOKEN), vec![])
+        .await;
+    assert_eq!(agents, json!({"agents": []}));
+    assert_eq!(hosting.files("components"), Vec::<String>::new());
+    assert_eq!(hosting.files("compiled"), Vec::<String>::new());
+
+    // A good upload is stored, compiled once, and not active until asked.
+    let (status, version) = hosting
+        .api(
+            "POST",
+            "/v1/agents/agent_acme/versions",
+            Some(ACME_TOKEN),
+            conformance,
+        )
+        .await;
+    assert_eq!(
+        (status, &version["version"], &version["active"]),
+        (201, &json!(1), &json!(false))
+    );
+    assert!(version["digest"].as_str().unwrap().starts_with("sha256:"));
+    assert_eq!(hosting.files("components").len(), 1);
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_activated_under_live_calls_serves_only_new_calls_and_rollback_returns() {
+    let hosting = Hosting::start("activation", "").await;
+    assert_eq!(
+        hosting.deploy(ACME_TOKEN, "agent_acme", "panicker").await,
+        1
+    );
+    let conn = hosting.connection("agent_acme").await;
+    let mut old = conn.start_text();
+    old.expect_say("Hello from the panicker.").await.unwrap();
+
+    let (status, _) = hosting
+        .api(
+            "POST",
+            "/v1/agents/agent_acme/versions",
+            Some(ACME_TOKEN),
+            crate::harness::guest("conformance"),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let (status, agent) = hosting
+        .api(
+            "POST",
+            "/v1/agents/agent_acme/activate",
+            Some(ACME_TOKEN),
+            body(json!({"version": 2})),
+        )
+        .await;
+    assert_eq!(
+        (status, &agent["active_version"]),
+        (200, &json!(2)),
+        "{agent}"
+    );
+
+    let mut new = conn.start_text();
+    new.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    // The call that started on version 1 is still served by it.
+    old.say("echo on the old version");
+    old.expect_say("on the old version").await.unwrap();
+    let (_, sessions) = hosting
+        .api("GET", "/v1/sessions", Some(ACME_TOKEN), vec![])
+        .await;
+    let version_of = |id: &str| {
+        sessions["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["session_id"] == id)
+            .map(|s| s["version"].clone())
+    };
+    assert_eq!(version_of(&old.id), Some(json!(1)), "{sessions}");
+    assert_eq!(version_of(&new.id), Some(json!(2)), "{sessions}");
+    assert_eq!(sessions["sessions"][0]["media"], "text");
+
+    let (status, agent) = hosting
+        .api(
+            "POST",
+            "/v1/agents/agent_acme/rollback",
+            Some(ACME_TOKEN),
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        (status, &agent["active_version"]),
+        (200, &json!(1)),
+        "{agent}"
+    );
+    let mut after = conn.start_text();
+    after.expect_say("Hello from the panicker.").await.unwrap();
+    let (status, answer) = hosting
+        .api(
+            "DELETE",
+            "/v1/agents/agent_acme/versions/1",
+            Some(ACME_TOKEN),
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (409, Some("conflict"))
+    );
+    let (status, _) = hosting
+        .api(
+            "DELETE",
+            "/v1/agents/agent_acme/versions/2",
+            Some(ACME_TOKEN),
+            vec![],
+        )
+        .await;
+    assert_eq!(status, 204);
+    for call in [&old, &new, &after] {
+        call.end("completed");
+    }
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_active_versions_are_served_from_the_cache_without_compiling() {
+    let hosting = Hosting::start("restart", "").await;
+    hosting
+        .deploy(ACME_TOKEN, "agent_acme", "conformance")
+        .await;
+    hosting
+        .deploy(GLOBEX_TOKEN, "agent_globex", "panicker")
+        .await;
+    let policy = json!({"action": "transfer", "to": {"kind": "number", "value": "+14155550100"}});
+    let (status, _) = hosting
+        .api(
+            "PUT",
+            "/v1/agents/agent_acme/failure-policy",
+            Some(ACME_TOKEN),
+            body(policy.clone()),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (_, before) = hosting
+        .api("GET", "/v1/agents", Some(ACME_TOKEN), vec![])
+        .await;
+
+    let hosting = hosting.restart().await;
+    let text = hosting.metrics().await;
+    assert_eq!(metric(&text, "voicehost_compilations_total"), 0.0, "{text}");
+    assert_eq!(metric(&text, "voicehost_compiled_cache_loads_total"), 2.0);
+    let (_, after) = hosting
+        .api("GET", "/v1/agents", Some(ACME_TOKEN), vec![])
+        .await;
+    assert_eq!(after, before, "the registry is the same after the restart");
+    assert_eq!(after["agents"][0]["failure_policy"], policy);
+    let mut call = hosting.connection("agent_acme").await.start_text();
+    call.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    let mut other = hosting.connection("agent_globex").await.start_text();
+    other.expect_say("Hello from the panicker.").await.unwrap();
+    call.end("completed");
+    other.end("completed");
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_over_the_tenants_session_cap_gets_the_failure_policy_at_once_and_is_counted() {
+    let hosting = Hosting::start("sessions-cap", "[tenants.limits]\nmax_sessions = 1").await;
+    hosting
+        .deploy(ACME_TOKEN, "agent_acme", "conformance")
+        .await;
+    let policy = json!({"action": "transfer", "to": {"kind": "number", "value": "+14155550100"}});
+    hosting
+        .api(
+            "PUT",
+            "/v1/agents/agent_acme/failure-policy",
+            Some(ACME_TOKEN),
+            body(policy),
+        )
+        .await;
+    let conn = hosting.connection("agent_acme").await;
+    let mut first = conn.start_text();
+    first
+        .expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    let mut second = conn.start_text();
+    let transfer = second.expect_tool("transfer").await.unwrap();
+    assert_eq!(transfer["arguments"]["to"]["value"], "+14155550100");
+    let text = until_metrics(&hosting, "the refused call is counted", |t| {
+        t.contains(&format!("voicehost_sessions_refused_total{{{ACME}}} 1"))
+    })
+    .await;
+    assert_eq!(
+        metric(&text, &format!("voicehost_sessions_live{{{ACME}}}")),
+        1.0
+    );
+
+    // Once the first call ends, there is room again.
+    first.end("completed");
+    until_metrics(&hosting, "the first call is done", |t| {
+        t.contains(&format!("voicehost_sessions_live{{{ACME}}} 0"))
+    })
+    .await;
+    let mut third = conn.start_text();
+    third
+        .expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    third.end("completed");
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_memory_and_cpu_limits_trap_its_agents_and_the_traps_are_counted_by_kind() {
+    let limits = "[tenants.limits]\nmemory_mib = 16\ncpu_ms = 50\n\
+                  [tenants.agents.agent_acme2.limits]\nmemory_mib = 128";
+    let hosting = Hosting::start("limits", limits).await;
+    hosting.deploy(ACME_TOKEN, "agent_acme", "hog").await;
+    hosting.deploy(ACME_TOKEN, "agent_acme2", "looper").await;
+    let mut hog = hosting.connection("agent_acme").await.start_text();
+    hog.expect_say("Hello from the hog.").await.unwrap();
+    hog.say("grow");
+    let mut looper = hosting.connection("agent_acme2").await.start_text();
+    looper.expect_say("Hello from the looper.").await.unwrap();
+    looper.say("loop");
+    let started = Instant::now();
+    let text = until_metrics(&hosting, "both traps", |t| {
+        t.contains(&format!(
+            "voicehost_traps_total{{{ACME},kind=\"memory_limit\"}} 1"
+        )) && t.contains(
+            "voicehost_traps_total{tenant=\"acme\",agent=\"agent_acme2\",kind=\"cpu_deadline\"} 1",
+        )
+    })
+    .await;
+    // 16 MiB is reached within 16 chunks; the loop is stopped by its 50 ms deadline, not the 60 s wall.
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(
+        metric(&text, &format!("voicehost_restarts_total{{{ACME}}}")),
+        1.0
+    );
+    hog.say("echo alive");
+    hog.expect_say("alive").await.unwrap();
+    looper.say("echo alive");
+    looper.expect_say("alive").await.unwrap();
+    hog.end("completed");
+    looper.end("completed");
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_an_agent_closes_its_connections_and_forgets_it() {
+    let hosting = Hosting::start("delete", "").await;
+    hosting
+        .deploy(ACME_TOKEN, "agent_acme", "conformance")
+        .await;
+    let conn = hosting.connection("agent_acme").await;
+    let (status, _) = hosting
+        .api("DELETE", "/v1/agents/agent_acme", Some(ACME_TOKEN), vec![])
+        .await;
+    assert_eq!(status, 204);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while conn.is_open() {
+        assert!(
+            Instant::now() < deadline,
+            "the agent's connection stays open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, _) = hosting
+        .api("GET", "/v1/agents/agent_acme", Some(ACME_TOKEN), vec![])
+        .await;
+    assert_eq!(status, 404);
+    assert_eq!(hosting.files("components"), Vec::<String>::new());
+    let text = hosting.metrics().await;
+    assert!(!text.contains("agent_acme"), "{text}");
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_describes_every_route_and_every_route_answers() {
+    let hosting = Hosting::start("openapi", "").await;
+    let document: Value =
+        serde_json::from_str(include_str!("../../openapi.json")).expect("openapi.json is JSON");
+    let mut described: Vec<(String, String)> = document["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, methods)| {
+            methods
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|m| ["get", "post", "put", "delete", "patch"].contains(&m.as_str()))
+                .map(move |m| (m.clone(), path.clone()))
+        })
+        .collect();
+    described.sort();
+    let mut routes: Vec<(String, String)> = voicehost::admin::ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    routes.sort();
+    assert_eq!(described, routes);
+    for (method, path) in voicehost::admin::ROUTES {
+        let path = path
+            .replace("{agent_id}", "agent_none")
+            .replace("{version}", "1");
+        let (status, answer) = hosting
+            .api(&method.to_uppercase(), &path, Some(ACME_TOKEN), vec![])
+            .await;
+        // A route that exists answers with its own error (unknown agent, empty body), never "no such route".
+        assert_ne!(
+            answer["error"]["message"], "no such route",
+            "{method} {path}"
+        );
+        assert!(status < 500, "{method} {path}: {status} {answer}");
+    }
+    hosting.finish().await;
+}
