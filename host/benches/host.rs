@@ -264,6 +264,8 @@ impl Calls for Quiet {
     }
 
     fn log(&self, _: Level, _: &str) {}
+
+    fn log_dropped(&self) {}
 }
 
 fn audio_event() -> Event {

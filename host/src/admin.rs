@@ -7,7 +7,7 @@ use crate::metrics::{self, HostCounts};
 use crate::registry::{AgentRecord, PolicyRecord, RegistryError};
 use crate::sandbox::wit::{Direction, Media};
 use crate::sandbox::LoadError;
-use crate::server::{ServeError, Server};
+use crate::server::{AgentStatus, ServeError, Server};
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::{header, request::Parts, StatusCode};
@@ -54,7 +54,26 @@ pub fn router(server: Arc<Server>) -> Router {
         .route("/v1/agents/{agent_id}/failure-policy", put(set_policy))
         .route("/v1/sessions", get(sessions))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(access_log))
         .with_state(server)
+}
+
+/// One line per request: method, path, status, time. Never a header (the token is one).
+async fn access_log(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    let (status, took_ms) = (
+        response.status().as_u16(),
+        started.elapsed().as_millis() as u64,
+    );
+    // Scrapes and health checks come every few seconds: only at debug.
+    if path == "/metrics" || path == "/healthz" {
+        tracing::debug!(%method, path, status, took_ms, "admin request");
+    } else {
+        tracing::info!(%method, path, status, took_ms, "admin request");
+    }
+    response
 }
 
 // ----- errors -----
@@ -161,6 +180,11 @@ impl FromRequestParts<Arc<Server>> for Tenant {
 #[derive(Serialize)]
 struct AgentView {
     agent_id: String,
+    /// `inactive`, `connecting`, `serving` or `refused`.
+    status: &'static str,
+    /// Why Sent refused the agent, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status_detail: Option<String>,
     active_version: Option<u32>,
     failure_policy: PolicyRecord,
     live_sessions: usize,
@@ -208,7 +232,15 @@ fn agent_view(server: &Server, tenant: &str, agent_id: String, record: AgentReco
             active: record.active == Some(v.version),
         })
         .collect();
+    let (status, status_detail) = match server.status(tenant, &agent_id) {
+        AgentStatus::Inactive => ("inactive", None),
+        AgentStatus::Connecting => ("connecting", None),
+        AgentStatus::Serving => ("serving", None),
+        AgentStatus::Refused(why) => ("refused", Some(why)),
+    };
     AgentView {
+        status,
+        status_detail,
         live_sessions: server.live_sessions(tenant, &agent_id),
         agent_id,
         active_version: record.active,

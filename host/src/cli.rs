@@ -9,12 +9,12 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use sha2::{Digest as _, Sha256};
 use std::fmt;
 use std::io::{BufRead as _, IsTerminal as _, Read as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::net::TcpStream;
+use voicehost::config::token_sha256;
 
 /// Where `voicehost serve` listens for admin requests unless told otherwise.
 const DEFAULT_ADMIN: &str = "http://127.0.0.1:7070";
@@ -131,12 +131,12 @@ pub fn token(command: TokenCommand) -> Result<()> {
     match command {
         TokenCommand::Hash => {
             let token = token_from_stdin()?;
-            println!("{}", sha256_hex(&token));
+            println!("{}", token_sha256(&token));
         }
         TokenCommand::New => {
             let token = new_token()?;
             println!("{token}");
-            println!("token_sha256 = \"{}\"", sha256_hex(&token));
+            println!("token_sha256 = \"{}\"", token_sha256(&token));
             if std::io::stderr().is_terminal() {
                 eprintln!(
                     "(the first line is the tenant's token, shown only now; the second goes in the \
@@ -256,16 +256,7 @@ fn new_token() -> Result<String> {
     std::fs::File::open("/dev/urandom")
         .and_then(|mut random| random.read_exact(&mut bytes))
         .context("cannot read /dev/urandom")?;
-    Ok(format!("vh_{}", hex(&bytes)))
-}
-
-/// What the config's `token_sha256` holds for `token`: its SHA-256 in lowercase hex.
-fn sha256_hex(token: &str) -> String {
-    hex(&Sha256::digest(token.as_bytes()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Ok(format!("vh_{}", voicehost::registry::hex(&bytes)))
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -715,6 +706,14 @@ fn count(items: &Value) -> String {
     }
 }
 
+/// The agent's status, with Sent's reason when it refused the agent.
+fn status_text(agent: &Value) -> String {
+    match agent["status_detail"].as_str() {
+        Some(detail) => format!("{} ({})", text(&agent["status"]), clean(detail)),
+        None => text(&agent["status"]),
+    }
+}
+
 fn agents_table(answer: &Value) -> String {
     let agents = answer["agents"]
         .as_array()
@@ -728,6 +727,7 @@ fn agents_table(answer: &Value) -> String {
         .map(|agent| {
             vec![
                 text(&agent["agent_id"]),
+                text(&agent["status"]),
                 text(&agent["active_version"]),
                 count(&agent["versions"]),
                 text(&agent["live_sessions"]),
@@ -736,7 +736,14 @@ fn agents_table(answer: &Value) -> String {
         })
         .collect();
     table(
-        &["AGENT", "ACTIVE", "VERSIONS", "LIVE CALLS", "ON FAILURE"],
+        &[
+            "AGENT",
+            "STATUS",
+            "ACTIVE",
+            "VERSIONS",
+            "LIVE CALLS",
+            "ON FAILURE",
+        ],
         &rows,
     )
 }
@@ -749,6 +756,7 @@ fn agent_view(agent: &Value) -> String {
     let mut out = table(
         &["agent", &text(&agent["agent_id"])],
         &[
+            vec!["status".into(), status_text(agent)],
             vec!["active".into(), active],
             vec!["on failure".into(), policy_text(&agent["failure_policy"])],
             vec!["live calls".into(), text(&agent["live_sessions"])],
@@ -1006,7 +1014,7 @@ mod tests {
     #[test]
     fn a_token_hashes_to_its_sha256_and_new_tokens_are_random() {
         assert_eq!(
-            sha256_hex("abc"),
+            token_sha256("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         let (one, two) = (new_token().unwrap(), new_token().unwrap());
@@ -1113,6 +1121,8 @@ mod tests {
     fn agent_json() -> Value {
         json!({
             "agent_id": "agent_abc123",
+            "status": "refused",
+            "status_detail": "Sent refused the connection (401): the API key is not valid",
             "active_version": 2,
             "failure_policy": {"action": "transfer", "to": {"kind": "number", "value": "+14155550100"}},
             "live_sessions": 3,
@@ -1127,14 +1137,14 @@ mod tests {
 
     #[test]
     fn the_agents_table() {
-        let idle = json!({"agent_id": "agent_new", "active_version": null,
+        let idle = json!({"agent_id": "agent_new", "status": "inactive", "active_version": null,
                           "failure_policy": {"action": "hangup"}, "live_sessions": 0, "versions": []});
         let answer = json!({"agents": [agent_json(), idle]});
         assert_eq!(
             agents_table(&answer),
-            "AGENT         ACTIVE  VERSIONS  LIVE CALLS  ON FAILURE\n\
-             agent_abc123  2       2         3           transfer:number:+14155550100\n\
-             agent_new     -       0         0           hangup\n"
+            "AGENT         STATUS    ACTIVE  VERSIONS  LIVE CALLS  ON FAILURE\n\
+             agent_abc123  refused   2       2         3           transfer:number:+14155550100\n\
+             agent_new     inactive  -       0         0           hangup\n"
         );
         assert!(agents_table(&json!({"agents": []})).starts_with("no agents yet"));
     }
@@ -1144,6 +1154,7 @@ mod tests {
         assert_eq!(
             agent_view(&agent_json()),
             "agent       agent_abc123\n\
+             status      refused (Sent refused the connection (401): the API key is not valid)\n\
              active      version 2\n\
              on failure  transfer:number:+14155550100\n\
              live calls  3\n\

@@ -220,10 +220,7 @@ impl Tenant {
 
 /// The hash the config holds for an admin token.
 pub fn token_sha256(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::registry::hex(&Sha256::digest(token.as_bytes()))
 }
 
 fn default_sent_url() -> String {

@@ -13,6 +13,7 @@ use voicehost::admin;
 use voicehost::config::ServeConfig;
 use voicehost::connection::Dial;
 use voicehost::link::{self, AgentConfig};
+use voicehost::outbound::{HttpPolicy, Origin};
 use voicehost::sandbox::{Limits, Sandbox};
 use voicehost::server::Server;
 use voicehost::session::{CallRules, FailurePolicy};
@@ -84,6 +85,10 @@ struct RunArgs {
     /// `transfer:number:+14155550100`).
     #[arg(long, default_value = "hangup")]
     on_repeated_traps: String,
+    /// An origin the agent may send HTTP requests to (`https://api.example.com`, `http://127.0.0.1:8089`);
+    /// repeat for more. None by default.
+    #[arg(long, value_name = "ORIGIN")]
+    allow_http: Vec<String>,
 }
 
 fn main() {
@@ -148,10 +153,16 @@ async fn run(args: RunArgs) -> Result<()> {
     let code = sandbox
         .load(&wasm)
         .with_context(|| format!("{} cannot serve as an agent", args.agent.display()))?;
+    let allow = args
+        .allow_http
+        .iter()
+        .map(|origin| Origin::parse(origin).with_context(|| format!("--allow-http {origin:?}")))
+        .collect::<Result<Vec<_>>>()?;
     let rules = CallRules {
         limits: Limits {
             cpu_per_call: Duration::from_millis(args.cpu_ms),
             memory_bytes: args.memory_mib << 20,
+            http: Arc::new(HttpPolicy::allowing(allow)),
             ..Limits::default()
         },
         max_traps: args.max_traps,

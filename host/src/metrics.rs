@@ -16,7 +16,7 @@ type AgentCounter = (&'static str, &'static str, fn(&Stats) -> u64);
 /// The text of `/metrics` for these agents: (tenant, agent, stats).
 pub fn render(agents: &[(String, String, std::sync::Arc<Stats>)], host: HostCounts<'_>) -> String {
     let mut out = String::new();
-    let counters: [AgentCounter; 14] = [
+    let counters: [AgentCounter; 15] = [
         (
             "sessions_started_total",
             "Calls Sent started with the agent.",
@@ -75,6 +75,11 @@ pub fn render(agents: &[(String, String, std::sync::Arc<Stats>)], host: HostCoun
             "resumes_total",
             "Sessions resumed on another connection.",
             |s| s.resumes.get(),
+        ),
+        (
+            "guest_log_dropped_total",
+            "Guest log lines over the rate limit, dropped.",
+            |s| s.log_dropped.get(),
         ),
         (
             "connections_opened_total",

@@ -15,11 +15,7 @@ pub struct Digest(String);
 impl Digest {
     /// The address of `bytes`.
     pub fn of(bytes: &[u8]) -> Digest {
-        let hex: String = Sha256::digest(bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        Digest(format!("sha256:{hex}"))
+        Digest(format!("sha256:{}", hex(&Sha256::digest(bytes))))
     }
 
     /// Parses an address, refusing anything else (so it is always safe as a file name).
@@ -46,6 +42,11 @@ impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// Bytes in lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -5,6 +5,7 @@
 //! `InstancePre`; the session then calls `on-restart`. Guests may make HTTP requests through `wasi:http`,
 //! only to the origins of [`Limits::http`] (see [`crate::outbound`]); by default none.
 
+use crate::registry::Digest;
 use anyhow::Result;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
@@ -97,6 +98,8 @@ pub trait Calls: Send + Sync + 'static {
     fn load(&self, key: &str) -> Option<Vec<u8>>;
     /// A line the guest logged (with `log`, or on stdout or stderr), after rate limiting.
     fn log(&self, level: Level, message: &str);
+    /// A line the guest logged over its rate limit, dropped.
+    fn log_dropped(&self);
 }
 
 /// The engine all agents share, with the epoch ticker that drives CPU deadlines.
@@ -158,6 +161,12 @@ impl Sandbox {
     /// Compiles an agent's component on this host (a precompiled artifact from outside is never loaded)
     /// and checks that it fits the `agent` world. Only a component that passes every check is cached.
     pub fn load(&self, wasm: &[u8]) -> Result<AgentCode, LoadError> {
+        self.load_digested(wasm, &Digest::of(wasm))
+    }
+
+    /// [`Sandbox::load`] for a component whose digest the caller has just checked (the registry does on
+    /// every read), so an 18 MB component is not hashed twice on a restart.
+    pub fn load_digested(&self, wasm: &[u8], digest: &Digest) -> Result<AgentCode, LoadError> {
         match wasm.get(..8) {
             Some([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00]) => {
                 return Err(LoadError::CoreModule)
@@ -165,7 +174,7 @@ impl Sandbox {
             Some([0x00, 0x61, 0x73, 0x6d, ..]) => {}
             _ => return Err(LoadError::NotWasm),
         }
-        let path = self.cache_path(wasm);
+        let path = self.cache_path(digest);
         let cached = path.as_deref().and_then(|path| self.cached(path));
         let from_cache = cached.is_some();
         let component = match cached {
@@ -192,13 +201,12 @@ impl Sandbox {
     }
 
     /// Where the compiled form of `wasm` is kept: by the hash of the component and of the engine's settings.
-    fn cache_path(&self, wasm: &[u8]) -> Option<PathBuf> {
+    fn cache_path(&self, digest: &Digest) -> Option<PathBuf> {
         self.cache.as_ref().map(|dir| {
             let mut settings = std::collections::hash_map::DefaultHasher::new();
             self.engine
                 .precompile_compatibility_hash()
                 .hash(&mut settings);
-            let digest = crate::registry::Digest::of(wasm);
             dir.join(format!("{}-{:016x}.cwasm", digest.hex(), settings.finish()))
         })
     }
@@ -270,6 +278,8 @@ pub struct HostState {
     http_hooks: PolicyHooks,
     table: ResourceTable,
     calls: Arc<dyn Calls>,
+    /// The call's log, rate-limited: the `log` import and stdout/stderr share it.
+    output: GuestOutput,
     memory_cap: usize,
     memory_hit: bool,
     cpu_budget: u64,
@@ -365,7 +375,7 @@ impl session::Host for HostState {
 
 impl log::Host for HostState {
     async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
-        self.calls.log(level, &message);
+        self.output.log(level, &message);
         Ok(())
     }
 }
@@ -487,7 +497,7 @@ async fn instantiate(
     {
         let wasi = WasiCtx::builder()
             .stdout(output.clone())
-            .stderr(output)
+            .stderr(output.clone())
             .build();
         let state = HostState {
             wasi,
@@ -495,6 +505,7 @@ async fn instantiate(
             http_hooks: PolicyHooks::new(limits.http.clone()),
             table: ResourceTable::new(),
             calls,
+            output,
             memory_cap: limits.memory_bytes,
             memory_hit: false,
             cpu_budget: ticks(limits.cpu_per_call),
@@ -605,9 +616,10 @@ fn classify(error: &wasmtime::Error, memory: bool) -> TrapKind {
     }
 }
 
-// ----- guest stdout and stderr into the log -----
+// ----- the guest's log -----
 
-/// The guest's stdout and stderr: lines go to the call's log through a per-call rate limit.
+/// The guest's log: lines from the `log` import, stdout and stderr go to the call's log through one per-call
+/// rate limit; lines over it are dropped and counted. A line is cut at [`MAX_LINE`] bytes.
 #[derive(Clone)]
 struct GuestOutput {
     shared: Arc<OutputShared>,
@@ -643,31 +655,57 @@ impl GuestOutput {
     }
 }
 
+/// The longest guest log line kept, in bytes.
+const MAX_LINE: usize = 1024;
+
+impl GuestOutput {
+    /// A line from the `log` import.
+    fn log(&self, level: Level, message: &str) {
+        let mut cut = message.len().min(MAX_LINE);
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut state = self.shared.lock();
+        self.shared.emit(&mut state, level, &message[..cut]);
+    }
+}
+
 impl OutputShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, OutputState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes written to stdout or stderr, split into lines.
     fn write(&self, bytes: &[u8]) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.lock();
         for &byte in bytes {
-            if byte == b'\n' || state.line.len() >= 1024 {
+            if byte == b'\n' || state.line.len() >= MAX_LINE {
                 let line = String::from_utf8_lossy(&state.line).into_owned();
                 state.line.clear();
-                if state.window.elapsed() >= Duration::from_secs(1) {
-                    state.window = Instant::now();
-                    state.lines = 0;
-                }
-                state.lines += 1;
-                if state.lines <= self.per_second {
-                    self.calls.log(Level::Info, &line);
-                } else if !self.warned.swap(true, Ordering::Relaxed) {
-                    self.calls.log(
-                        Level::Warn,
-                        "guest output over its rate limit: dropping lines",
-                    );
-                }
+                self.emit(&mut state, Level::Info, &line);
                 if byte == b'\n' {
                     continue;
                 }
             }
             state.line.push(byte);
+        }
+    }
+
+    /// One line, if the second it falls in has room for it.
+    fn emit(&self, state: &mut OutputState, level: Level, line: &str) {
+        if state.window.elapsed() >= Duration::from_secs(1) {
+            state.window = Instant::now();
+            state.lines = 0;
+        }
+        state.lines += 1;
+        if state.lines <= self.per_second {
+            self.calls.log(level, line);
+            return;
+        }
+        self.calls.log_dropped();
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            self.calls
+                .log(Level::Warn, "guest log over its rate limit: dropping lines");
         }
     }
 }

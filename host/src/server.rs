@@ -8,7 +8,7 @@ use crate::config::{ServeConfig, Tenant};
 use crate::connection::Dial;
 use crate::link::{self, AgentConfig, Deployment};
 use crate::registry::{
-    AgentRecord, DiskStore, PolicyRecord, Registry, RegistryError, VersionRecord,
+    AgentRecord, Digest, DiskStore, PolicyRecord, Registry, RegistryError, VersionRecord,
 };
 use crate::sandbox::{LoadError, Sandbox};
 use crate::session::{CallRules, FailurePolicy};
@@ -39,6 +39,21 @@ struct Running {
     stop: watch::Sender<bool>,
     stats: Arc<Stats>,
     task: JoinHandle<()>,
+    /// Why Sent refused the agent, once it has (the link then stops until the agent is activated again).
+    refused: Arc<Mutex<Option<String>>>,
+}
+
+/// Whether an agent's calls can reach it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentStatus {
+    /// No active version: not connected.
+    Inactive,
+    /// Connecting, or reconnecting with backoff.
+    Connecting,
+    /// At least one connection to Sent is ready.
+    Serving,
+    /// Sent refused the connection for a reason a person must fix (the key, the agent id).
+    Refused(String),
 }
 
 /// The multi-tenant host.
@@ -50,6 +65,9 @@ pub struct Server {
     registry: tokio::sync::Mutex<Registry>,
     running: Mutex<BTreeMap<(String, String), Running>>,
     ready: AtomicBool,
+    /// Compilations at once: an upload compiles on all cores for seconds (Python, JavaScript), so uploads
+    /// wait for each other rather than take every core from the calls being served.
+    compiling: tokio::sync::Semaphore,
     /// Components compiled by this process (a restart with a warm cache compiles none).
     pub compilations: Counter,
     /// Components loaded from the compiled cache.
@@ -79,6 +97,7 @@ impl Server {
             registry: tokio::sync::Mutex::new(registry),
             running: Mutex::new(BTreeMap::new()),
             ready: AtomicBool::new(false),
+            compiling: tokio::sync::Semaphore::new(1),
             compilations: Counter::default(),
             cache_loads: Counter::default(),
         }))
@@ -88,7 +107,11 @@ impl Server {
     pub async fn start(self: &Arc<Server>) {
         let started = Instant::now();
         let registry = self.registry.lock().await;
-        for (tenant, agent, version) in registry.active() {
+        let mut active = registry.active();
+        // Smallest first: one large component compiling after a cache loss does not hold up every other
+        // agent (each starts serving as soon as it is loaded).
+        active.sort_by_key(|(_, _, version)| version.size_bytes);
+        for (tenant, agent, version) in active {
             if !self.tenants.contains_key(&tenant) {
                 tracing::warn!(
                     tenant,
@@ -154,7 +177,7 @@ impl Server {
         activate: bool,
     ) -> Result<VersionRecord, ServeError> {
         check_agent_id(agent)?;
-        self.compile(wasm.clone()).await?;
+        self.compile(wasm.clone(), None).await?;
         let mut registry = self.registry.lock().await;
         let version = registry.add_version(tenant, agent, &wasm, unix_now())?;
         tracing::info!(
@@ -295,6 +318,27 @@ impl Server {
             .collect()
     }
 
+    /// Whether the agent's calls can reach it.
+    pub fn status(&self, tenant: &str, agent: &str) -> AgentStatus {
+        let running = self.running();
+        let Some(running) = running.get(&key(tenant, agent)) else {
+            return AgentStatus::Inactive;
+        };
+        if let Some(why) = running
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return AgentStatus::Refused(why);
+        }
+        if running.stats.connections_open.get() > 0 {
+            AgentStatus::Serving
+        } else {
+            AgentStatus::Connecting
+        }
+    }
+
     /// How many calls the agent serves now.
     pub fn live_sessions(&self, tenant: &str, agent: &str) -> usize {
         self.running()
@@ -363,7 +407,9 @@ impl Server {
         version: &VersionRecord,
     ) -> Result<Deployment, ServeError> {
         let wasm = registry.component(version)?;
-        let code = self.compile(wasm.into()).await?;
+        let code = self
+            .compile(wasm.into(), Some(version.digest.clone()))
+            .await?;
         Ok(Deployment {
             version: version.version,
             code,
@@ -371,12 +417,25 @@ impl Server {
         })
     }
 
-    async fn compile(&self, wasm: bytes::Bytes) -> Result<crate::sandbox::AgentCode, ServeError> {
+    /// Compiles `wasm` (or loads it from the cache); `digest` when the registry has just checked it.
+    async fn compile(
+        &self,
+        wasm: bytes::Bytes,
+        digest: Option<Digest>,
+    ) -> Result<crate::sandbox::AgentCode, ServeError> {
         let sandbox = self.sandbox.clone();
-        // Compiling a large component takes seconds of CPU: off the async workers.
-        let code = tokio::task::spawn_blocking(move || sandbox.load(&wasm))
+        let _turn = self
+            .compiling
+            .acquire()
             .await
-            .map_err(|e| ServeError::Internal(format!("compilation stopped: {e}")))??;
+            .map_err(|e| ServeError::Internal(e.to_string()))?;
+        // Compiling a large component takes seconds of CPU: off the async workers.
+        let code = tokio::task::spawn_blocking(move || match digest {
+            Some(digest) => sandbox.load_digested(&wasm, &digest),
+            None => sandbox.load(&wasm),
+        })
+        .await
+        .map_err(|e| ServeError::Internal(format!("compilation stopped: {e}")))??;
         if code.from_cache() {
             self.cache_loads.inc();
         } else {
@@ -431,11 +490,13 @@ impl Server {
             admission: Admission::new(gates),
         };
         let (tenant_id, agent_id) = (tenant.to_string(), agent.to_string());
+        let refused = Arc::new(Mutex::new(None));
         let task = tokio::spawn({
-            let stats = stats.clone();
+            let (stats, refused) = (stats.clone(), refused.clone());
             async move {
                 if let Err(error) = link::serve(config, stats, stopped).await {
                     tracing::error!(tenant = tenant_id, agent = agent_id, %error, "Sent refused the agent: it is not served until it is activated again");
+                    *refused.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
                 }
             }
         });
@@ -446,6 +507,7 @@ impl Server {
                 stop,
                 stats,
                 task,
+                refused,
             },
         );
     }

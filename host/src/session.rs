@@ -547,6 +547,10 @@ impl Calls for Session {
             .cloned()
     }
 
+    fn log_dropped(&self) {
+        self.stats.log_dropped.inc();
+    }
+
     fn log(&self, level: Level, message: &str) {
         let session = self.id.as_str();
         match level {

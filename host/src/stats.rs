@@ -119,6 +119,8 @@ pub struct Stats {
     pub audio_dropped: Counter,
     pub resumes: Counter,
     pub handler_errors: Counter,
+    /// Guest log lines over the call's rate limit.
+    pub log_dropped: Counter,
     pub traps_panic: Counter,
     pub traps_cpu: Counter,
     pub traps_wall: Counter,

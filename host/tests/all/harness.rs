@@ -25,6 +25,14 @@ pub fn sandbox() -> &'static Sandbox {
     })
 }
 
+/// Logs as `RUST_LOG` says, into the test's output.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
 pub fn guest(name: &str) -> Vec<u8> {
     let path = format!("{}/{name}.wasm", env!("VOICEHOST_GUESTS"));
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
@@ -46,10 +54,7 @@ impl Host {
 
     /// A host serving the component `wasm`.
     pub async fn serve(wasm: &[u8], rules: CallRules) -> Host {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        init_tracing();
         let sim = Sim::start_local(SimConfig {
             heartbeat_interval_ms: 1000,
             ..SimConfig::default()

@@ -47,10 +47,7 @@ impl Hosting {
     /// A fresh data directory named `name`; `acme` is appended to acme's `[[tenants]]` table (its limits,
     /// its HTTP policy).
     pub async fn start(name: &str, acme: &str) -> Hosting {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        crate::harness::init_tracing();
         let sim = Sim::start_local(SimConfig {
             heartbeat_interval_ms: 1000,
             accounts: accounts(),

@@ -55,14 +55,17 @@ impl Served {
                 }
             }
         });
+        let mut served = Served {
+            child,
+            log,
+            admin: String::new(),
+        };
+        // On a panic here `served` is dropped, and the child killed with it.
         let addr = addr
             .recv_timeout(Duration::from_secs(30))
             .expect("voicehost says where its admin API listens");
-        Served {
-            child,
-            log,
-            admin: format!("http://{addr}"),
-        }
+        served.admin = format!("http://{addr}");
+        served
     }
 
     async fn healthy(&self) {

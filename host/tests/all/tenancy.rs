@@ -462,3 +462,90 @@ async fn the_openapi_document_describes_every_route_and_every_route_answers() {
     }
     hosting.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_http_allowlist_applies_to_its_agents_only() {
+    let model = crate::outbound::Model::start().await;
+    let acme = format!(
+        "[tenants.http]\nallow = [\"{}\"]\ntimeout_ms = 5000",
+        model.origin()
+    );
+    let hosting = Hosting::start("http", &acme).await;
+    hosting.deploy(ACME_TOKEN, "agent_acme", "llm").await;
+    hosting.deploy(GLOBEX_TOKEN, "agent_globex", "llm").await;
+    let url = model.url("/reply");
+
+    let mut allowed = crate::outbound::call_on(&hosting.connection("agent_acme").await, &url).await;
+    allowed.say("hello");
+    allowed.expect_say("you said: hello").await.unwrap();
+    let mut denied =
+        crate::outbound::call_on(&hosting.connection("agent_globex").await, &url).await;
+    denied.say("hello");
+    denied
+        .expect_say("sorry, I cannot reach my brain (HttpRequestDenied)")
+        .await
+        .unwrap();
+    assert_eq!(model.requests(), 1, "only acme's agent reached the model");
+    allowed.end("completed");
+    denied.end("completed");
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_logging_over_its_rate_drops_the_excess_and_counts_it() {
+    let hosting = Hosting::start("log-rate", "[tenants.limits]\nlog_lines_per_second = 5").await;
+    hosting.deploy(ACME_TOKEN, "agent_acme", "panicker").await;
+    let mut call = hosting.connection("agent_acme").await.start_text();
+    call.expect_say("Hello from the panicker.").await.unwrap();
+    // 20 lines through the `log` import and 20 on stdout, all within one handler call.
+    call.say("shout 20");
+    call.expect_say("shouted").await.unwrap();
+    let text = hosting.metrics().await;
+    let dropped = metric(
+        &text,
+        &format!("voicehost_guest_log_dropped_total{{{ACME}}}"),
+    );
+    // 5 a second pass; a handler that happens to straddle a second's boundary lets 5 more through.
+    assert!((30.0..=35.0).contains(&dropped), "dropped {dropped}");
+    call.end("completed");
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_sent_refuses_shows_as_refused_with_the_reason_and_others_serve_on() {
+    let hosting = Hosting::start("status", "").await;
+    hosting
+        .deploy(ACME_TOKEN, "agent_acme", "conformance")
+        .await;
+    // Sent knows no agent_stranger under acme's key.
+    hosting
+        .deploy(ACME_TOKEN, "agent_stranger", "conformance")
+        .await;
+    hosting.connection("agent_acme").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let agents = loop {
+        let (_, agents) = hosting
+            .api("GET", "/v1/agents", Some(ACME_TOKEN), vec![])
+            .await;
+        let status = |i: usize| {
+            agents["agents"][i]["status"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        };
+        if status(0) == "serving" && status(1) == "refused" {
+            break agents;
+        }
+        assert!(Instant::now() < deadline, "{agents}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let detail = agents["agents"][1]["status_detail"].as_str().unwrap();
+    assert!(detail.contains("Sent refused the connection"), "{detail}");
+    assert!(agents["agents"][0].get("status_detail").is_none());
+    let mut call = hosting.connection("agent_acme").await.start_text();
+    call.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    call.end("completed");
+    hosting.finish().await;
+}

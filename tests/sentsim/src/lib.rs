@@ -3,6 +3,7 @@
 //! conformance agent in-process, an agent process that connects to `sentsim conformance --listen`, or
 //! voicehost.
 
+pub mod calls;
 pub mod record;
 pub mod scenarios;
 pub mod sim;
