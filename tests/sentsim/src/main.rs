@@ -69,6 +69,9 @@ enum Command {
         /// Keep placing calls until Ctrl-C.
         #[arg(long)]
         forever: bool,
+        /// How long an agent has to connect (and to come back after losing its connection), in seconds.
+        #[arg(long, default_value_t = 60)]
+        wait_s: u64,
     },
     /// List the scenarios with their one-line meaning.
     Scenarios,
@@ -123,13 +126,14 @@ async fn main() -> Result<()> {
             heartbeat_ms,
             says,
             forever,
+            wait_s,
         } => {
             let plan = Plan {
                 calls: (!forever).then_some(calls),
                 every: Duration::from_millis(every_ms.max(1)),
                 says,
                 hold: Duration::from_millis(hold_ms),
-                connect_within: Duration::from_secs(60),
+                connect_within: Duration::from_secs(wait_s),
             };
             let accounts = match accounts.iter().map(|a| calls::parse_account(a)).collect() {
                 Ok(accounts) => accounts,
