@@ -63,12 +63,12 @@ fn main() -> Result<()> {
     let every = [
         ("agent_c", "C", guests.join("c/conformance.wasm")),
         (
-            "agent_js_quickjs",
+            "agent_js-quickjs",
             "JavaScript (QuickJS)",
             guests.join("js/conformance-qjs.wasm"),
         ),
         (
-            "agent_js_starlingmonkey",
+            "agent_js-starlingmonkey",
             "JavaScript (StarlingMonkey)",
             guests.join("js/conformance.wasm"),
         ),

@@ -158,13 +158,7 @@ impl FromRequestParts<Arc<Server>> for Tenant {
         parts: &mut Parts,
         server: &Arc<Server>,
     ) -> Result<Tenant, ApiError> {
-        let token = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .map(str::trim);
-        match token.and_then(|token| server.tenant_by_token(token)) {
+        match bearer(&parts.headers).and_then(|token| server.tenant_by_token(token)) {
             Some(tenant) => Ok(Tenant(tenant.id.clone())),
             None => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -173,6 +167,16 @@ impl FromRequestParts<Arc<Server>> for Tenant {
             )),
         }
     }
+}
+
+/// The token of an `Authorization: Bearer …` header.
+fn bearer(headers: &header::HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
 }
 
 // ----- views -----
@@ -264,7 +268,15 @@ async fn healthz(State(server): State<Arc<Server>>) -> Response {
     }
 }
 
-async fn metrics(State(server): State<Arc<Server>>) -> Response {
+async fn metrics(State(server): State<Arc<Server>>, headers: header::HeaderMap) -> Response {
+    if !server.may_read_metrics(bearer(&headers)) {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send the operator's metrics token as `Authorization: Bearer <token>`",
+        )
+        .into_response();
+    }
     let text = metrics::render(
         &server.stats(),
         HostCounts {

@@ -116,11 +116,11 @@ pub enum TokenCommand {
 
 /// `voicehost agents …`: one request to the admin API, its answer as a table (or JSON with --json).
 pub async fn run(args: AgentsArgs) -> Result<()> {
-    let client = Client {
-        admin: AdminUrl::parse(&args.admin)?,
-        token: read_token(args.token_file.as_deref())?,
-        timeout: Duration::from_secs(args.timeout),
-    };
+    let client = Client::new(
+        &args.admin,
+        read_token(args.token_file.as_deref())?,
+        Duration::from_secs(args.timeout),
+    )?;
     let output = execute(&client, args.command, args.json).await?;
     print!("{output}");
     Ok(())
@@ -153,14 +153,10 @@ pub fn token(command: TokenCommand) -> Result<()> {
 
 /// An agent id as the API takes it: 1 to 64 of `[A-Za-z0-9_-]` (so it is safe in a URL path as it is).
 fn agent_id(text: &str) -> Result<String, String> {
-    if (1..=64).contains(&text.len())
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
+    if voicehost::config::valid_agent_id(text) {
         Ok(text.to_string())
     } else {
-        Err("an agent id is 1 to 64 letters, digits, `_` or `-` (like agent_abc123)".into())
+        Err(voicehost::config::AGENT_ID_RULE.into())
     }
 }
 
@@ -356,13 +352,13 @@ impl fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
-enum Body {
+pub(crate) enum Body {
     Empty,
     Json(Value),
     Wasm(Vec<u8>),
 }
 
-struct Client {
+pub(crate) struct Client {
     admin: AdminUrl,
     token: String,
     /// For the whole request: connecting, sending, the host's work, the answer.
@@ -370,6 +366,15 @@ struct Client {
 }
 
 impl Client {
+    /// A client of the admin API at `admin` (`http://host:port`), as the tenant whose token this is.
+    pub(crate) fn new(admin: &str, token: String, timeout: Duration) -> Result<Client> {
+        Ok(Client {
+            admin: AdminUrl::parse(admin)?,
+            token,
+            timeout,
+        })
+    }
+
     /// One request; the answer's JSON, or `None` for an answer with no body (204).
     async fn send(&self, method: Method, path: &str, body: Body) -> Result<Option<Value>> {
         let url = self.admin.url(path);
@@ -383,7 +388,7 @@ impl Client {
     }
 
     /// A request whose answer must be JSON.
-    async fn json(&self, method: Method, path: &str, body: Body) -> Result<Value> {
+    pub(crate) async fn json(&self, method: Method, path: &str, body: Body) -> Result<Value> {
         self.send(method, path, body).await?.with_context(|| {
             format!(
                 "{} answered with no body where JSON was expected",
@@ -714,7 +719,7 @@ fn status_text(agent: &Value) -> String {
     }
 }
 
-fn agents_table(answer: &Value) -> String {
+pub(crate) fn agents_table(answer: &Value) -> String {
     let agents = answer["agents"]
         .as_array()
         .map(Vec::as_slice)
@@ -946,11 +951,12 @@ mod tests {
     #[test]
     fn agent_ids_versions_and_options_are_checked_when_parsing() {
         assert!(agent_id("agent_abc123").is_ok());
-        assert!(agent_id(&"a".repeat(64)).is_ok());
+        assert!(agent_id(&format!("agent_{}", "a".repeat(58))).is_ok());
         for bad in [
             "",
             "agent/../x",
             "agent abc",
+            "agent_with_underscores",
             "agént",
             &"a".repeat(65),
             "a?b",

@@ -37,14 +37,45 @@ pub struct ServeConfig {
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     /// The admin API's listener. Loopback by default: put a TLS proxy in front to expose it.
+    #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// The SHA-256 (hex) of the operator's token for `/metrics`. When set, `/metrics` needs it (it names
+    /// every tenant's agents); when not, `/metrics` is open to whoever reaches the listener.
+    pub metrics_token_sha256: Option<String>,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            listen: default_listen(),
+            metrics_token_sha256: None,
         }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 7070))
+}
+
+/// A token known by its hash.
+#[derive(Clone)]
+pub struct TokenHash([u8; 32]);
+
+impl TokenHash {
+    /// Parses 64 hex digits, saying which setting was wrong.
+    pub fn parse(hex: &str, what: &str) -> anyhow::Result<TokenHash> {
+        parse_hash(hex).map(TokenHash).ok_or_else(|| {
+            anyhow::anyhow!("{what} must be 64 hex digits (`voicehost token new` makes one)")
+        })
+    }
+
+    /// Whether `token` hashes to this (compared in constant time).
+    pub fn matches(&self, token: &str) -> bool {
+        let hash = Sha256::digest(token.as_bytes());
+        hash.iter()
+            .zip(self.0.iter())
+            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+            == 0
     }
 }
 
@@ -177,7 +208,7 @@ pub struct HttpConfig {
 /// One tenant, ready to serve: its key read, its limits resolved.
 pub struct Tenant {
     pub id: String,
-    token_sha256: [u8; 32],
+    token: TokenHash,
     pub api_key: ApiKey,
     pub limits: ResolvedLimits,
     agent_limits: BTreeMap<String, ResolvedLimits>,
@@ -196,11 +227,7 @@ impl std::fmt::Debug for Tenant {
 impl Tenant {
     /// Whether `token` is this tenant's admin token (compared by hash, in constant time).
     pub fn owns_token(&self, token: &str) -> bool {
-        let hash = Sha256::digest(token.as_bytes());
-        hash.iter()
-            .zip(self.token_sha256.iter())
-            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
-            == 0
+        self.token.matches(token)
     }
 
     /// The limits of one of its agents: the agent's overrides over the tenant's. The agent's own session
@@ -231,7 +258,20 @@ fn default_connections() -> usize {
     1
 }
 
-/// Whether a tenant or agent id is usable: 1–64 of `[A-Za-z0-9_-]`.
+/// Whether an agent id is one Sent can know: `agent_` and letters, digits or `-` (the protocol's
+/// `^agent_[A-Za-z0-9-]+$`), at most 64 in all.
+pub fn valid_agent_id(id: &str) -> bool {
+    id.len() <= 64
+        && id.strip_prefix("agent_").is_some_and(|rest| {
+            !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
+/// What [`valid_agent_id`] wants, for error messages.
+pub const AGENT_ID_RULE: &str =
+    "an agent id is Sent's: `agent_` then letters, digits or `-` (like agent_abc123), at most 64 in all";
+
+/// Whether a tenant id is usable: 1–64 of `[A-Za-z0-9_-]`.
 pub fn valid_id(id: &str) -> bool {
     (1..=64).contains(&id.len())
         && id
@@ -254,6 +294,15 @@ impl ServeConfig {
         Ok(config)
     }
 
+    /// The operator's `/metrics` token, when the config sets one.
+    pub fn metrics_token(&self) -> anyhow::Result<Option<TokenHash>> {
+        self.admin
+            .metrics_token_sha256
+            .as_deref()
+            .map(|hex| TokenHash::parse(hex, "admin.metrics_token_sha256"))
+            .transpose()
+    }
+
     /// The tenants, with their API keys read from the environment or their files and their limits resolved.
     /// Every problem is named with its tenant, never with a secret.
     pub fn tenants(&self) -> anyhow::Result<Vec<Tenant>> {
@@ -266,9 +315,10 @@ impl ServeConfig {
                 "tenant id {id:?}: use 1–64 letters, digits, `_` or `-`"
             );
             anyhow::ensure!(seen.insert(id.clone()), "tenant {id:?} appears twice");
-            let token_sha256 = parse_hash(&tenant.token_sha256).ok_or_else(|| {
-                anyhow::anyhow!("tenant {id:?}: token_sha256 must be 64 hex digits (`voicehost token new` makes one)")
-            })?;
+            let token = TokenHash::parse(
+                &tenant.token_sha256,
+                &format!("tenant {id:?}: token_sha256"),
+            )?;
             let api_key = match (&tenant.api_key_env, &tenant.api_key_file) {
                 (Some(var), None) => std::env::var(var).map_err(|_| {
                     anyhow::anyhow!("tenant {id:?}: the environment variable {var} (its Sent API key) is not set")
@@ -295,8 +345,8 @@ impl ServeConfig {
             let mut agent_limits = BTreeMap::new();
             for (agent, overrides) in &tenant.agents {
                 anyhow::ensure!(
-                    valid_id(agent),
-                    "tenant {id:?}: agent id {agent:?} is not valid"
+                    valid_agent_id(agent),
+                    "tenant {id:?}: {agent:?} in [tenants.agents]: {AGENT_ID_RULE}"
                 );
                 let mut resolved = ResolvedLimits::from(&overrides.limits.over(&own));
                 // An agent's cap is its own only when it sets one; it can never exceed the tenant's total.
@@ -329,7 +379,7 @@ impl ServeConfig {
             };
             tenants.push(Tenant {
                 id: id.clone(),
-                token_sha256,
+                token,
                 api_key: ApiKey::new(api_key),
                 limits,
                 agent_limits,
@@ -395,6 +445,27 @@ mod tests {
         );
         assert_eq!(tenant.agent_limits("agent_other"), tenant.limits);
         assert_eq!(tenant.agent_session_cap("agent_other"), None);
+    }
+
+    #[test]
+    fn an_agent_id_is_one_sent_accepts() {
+        let longest = format!("agent_{}", "x".repeat(58));
+        for good in ["agent_abc123", "agent_a-b", &longest] {
+            assert!(valid_agent_id(good), "{good}");
+        }
+        let too_long = format!("{longest}x");
+        for bad in [
+            "",
+            "agent_",
+            "agent_a_b",
+            "support",
+            "Agent_x",
+            "agent_a/b",
+            "agent_é",
+            &too_long,
+        ] {
+            assert!(!valid_agent_id(bad), "{bad}");
+        }
     }
 
     #[test]

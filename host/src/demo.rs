@@ -1,6 +1,6 @@
 //! `voicehost demo`: the embedded Sent simulator on loopback, voicehost serving the example conformance and
 //! panicker agents, a few real calls (text, audio, a panic, a dropped connection), their transcripts and a
-//! summary.
+//! summary; then `voicehost serve` for two tenants ([`crate::demo_tenants`]).
 
 use anyhow::{Context as _, Result};
 use sentsim::{Call, Dir, Sim, SimConfig, What};
@@ -17,7 +17,7 @@ const KEY: &str = "demo-key";
 const CONFORMANCE: &str = "agent_conformance";
 const PANICKER: &str = "agent_panicker";
 
-fn component(name: &str) -> Result<Vec<u8>> {
+pub fn component(name: &str) -> Result<Vec<u8>> {
     let path = format!("{}/{name}.wasm", env!("VOICEHOST_GUESTS"));
     std::fs::read(&path).with_context(|| format!("cannot read the example agent {path}"))
 }
@@ -67,7 +67,8 @@ pub async fn run() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(100)).await;
     sim.shutdown();
     println!("\n== summary\n{stats}");
-    result
+    result?;
+    crate::demo_tenants::run().await
 }
 
 async fn calls(sim: &Sim, stats: &Stats) -> Result<()> {
@@ -149,7 +150,7 @@ fn tone(sample_rate: u32, n: u16) -> Vec<u8> {
 }
 
 /// Prints a call as the two sides saw it, from the simulator's recorder.
-fn transcript(sim: &Sim, call: &Call) {
+pub fn transcript(sim: &Sim, call: &Call) {
     let recorder = sim.recorder();
     let records = recorder.since(0, |r| r.session.as_deref() == Some(call.id.as_str()));
     let (mut audio_in, mut audio_out) = (0, 0);

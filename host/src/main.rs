@@ -21,6 +21,7 @@ use voicehost::stats::Stats;
 
 mod cli;
 mod demo;
+mod demo_tenants;
 
 #[derive(Parser)]
 #[command(

@@ -4,7 +4,7 @@
 //! lock; serving calls never takes it.
 
 use crate::admission::{Admission, Gate};
-use crate::config::{ServeConfig, Tenant};
+use crate::config::{ServeConfig, Tenant, TokenHash};
 use crate::connection::Dial;
 use crate::link::{self, AgentConfig, Deployment};
 use crate::registry::{
@@ -62,6 +62,7 @@ pub struct Server {
     sent_url: String,
     connections: usize,
     tenants: BTreeMap<String, (Tenant, Arc<Gate>)>,
+    metrics_token: Option<TokenHash>,
     registry: tokio::sync::Mutex<Registry>,
     running: Mutex<BTreeMap<(String, String), Running>>,
     ready: AtomicBool,
@@ -90,6 +91,7 @@ impl Server {
         let registry = Registry::open(Box::new(store))?;
         let sandbox = Sandbox::new()?.with_cache(config.data_dir.join("compiled"));
         Ok(Arc::new(Server {
+            metrics_token: config.metrics_token()?,
             sandbox,
             sent_url: config.sent_url.clone(),
             connections: config.connections,
@@ -159,6 +161,14 @@ impl Server {
             }
         }
         found
+    }
+
+    /// Whether a request for `/metrics` with this bearer token (if any) may read it.
+    pub fn may_read_metrics(&self, token: Option<&str>) -> bool {
+        match &self.metrics_token {
+            None => true,
+            Some(hash) => token.is_some_and(|token| hash.matches(token)),
+        }
     }
 
     pub fn tenant(&self, id: &str) -> Option<&Tenant> {
@@ -518,12 +528,13 @@ fn key(tenant: &str, agent: &str) -> (String, String) {
 }
 
 fn check_agent_id(agent: &str) -> Result<(), ServeError> {
-    if crate::config::valid_id(agent) {
+    if crate::config::valid_agent_id(agent) {
         Ok(())
     } else {
         Err(ServeError::BadRequest(format!(
-            "agent id {:?}: use 1–64 letters, digits, `_` or `-`",
-            agent.chars().take(80).collect::<String>()
+            "{:?}: {}",
+            agent.chars().take(80).collect::<String>(),
+            crate::config::AGENT_ID_RULE
         )))
     }
 }

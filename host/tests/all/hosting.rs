@@ -47,6 +47,11 @@ impl Hosting {
     /// A fresh data directory named `name`; `acme` is appended to acme's `[[tenants]]` table (its limits,
     /// its HTTP policy).
     pub async fn start(name: &str, acme: &str) -> Hosting {
+        Hosting::start_with(name, "", acme).await
+    }
+
+    /// [`Hosting::start`], with `top` among the config's top-level tables (before the tenants).
+    pub async fn start_with(name: &str, top: &str, acme: &str) -> Hosting {
         crate::harness::init_tracing();
         let sim = Sim::start_local(SimConfig {
             heartbeat_interval_ms: 1000,
@@ -68,6 +73,7 @@ impl Hosting {
                 r#"
 data_dir = "data"
 sent_url = "{url}"
+{top}
 
 [[tenants]]
 id = "globex"

@@ -549,3 +549,30 @@ async fn an_agent_sent_refuses_shows_as_refused_with_the_reason_and_others_serve
     call.end("completed");
     hosting.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_metrics_token_only_the_operator_reads_the_metrics() {
+    let operator = "vh_operator_metrics_token";
+    let top = format!(
+        "[admin]\nmetrics_token_sha256 = \"{}\"",
+        voicehost::config::token_sha256(operator)
+    );
+    let hosting = Hosting::start_with("metrics-token", &top, "").await;
+    for token in [None, Some(ACME_TOKEN), Some("vh_guess")] {
+        let (status, answer) = hosting.api("GET", "/metrics", token, vec![]).await;
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (401, Some("unauthorized")),
+            "{token:?}"
+        );
+    }
+    let (status, text) = hosting.api("GET", "/metrics", Some(operator), vec![]).await;
+    assert_eq!(status, 200);
+    assert!(text.as_str().unwrap().contains("voicehost_agents_served 0"));
+    // A tenant's routes do not take the operator's token.
+    let (status, _) = hosting
+        .api("GET", "/v1/agents", Some(operator), vec![])
+        .await;
+    assert_eq!(status, 401);
+    hosting.finish().await;
+}
