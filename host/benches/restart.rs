@@ -712,7 +712,7 @@ fn render(
     for result in results.iter().filter(|r| r.agents.len() > 1) {
         let _ = writeln!(
             out,
-            "\n### Per agent ({}; loaded one after another in this order, each connects once loaded)\n",
+            "\n### Per agent ({}; the host loads them one after another, smallest first, each connecting once loaded)\n",
             result.name
         );
         let _ = writeln!(
@@ -720,14 +720,18 @@ fn render(
             "| agent | component | compiled artifact | warm: connection ready at | warm: after the previous agent | cold: connection ready at | cold: after the previous agent |"
         );
         let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
-        for (at, agent) in result.agents.iter().enumerate() {
+        // The host loads the smallest component first: rows in that order, each after the one above.
+        let mut order: Vec<usize> = (0..result.agents.len()).collect();
+        order.sort_by_key(|&at| result.agents[at].wasm.len());
+        for (row, &at) in order.iter().enumerate() {
+            let agent = &result.agents[at];
             let column = |cold: bool, step: bool| {
                 let runs = result.runs.iter().filter(|r| r.cold == cold);
                 spread(runs.map(|r| {
-                    let previous = if at == 0 {
+                    let previous = if row == 0 {
                         r.listening
                     } else {
-                        r.ready[at - 1]
+                        r.ready[order[row - 1]]
                     };
                     if step {
                         r.ready[at].saturating_sub(previous)
