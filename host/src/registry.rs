@@ -239,6 +239,13 @@ pub enum RegistryError {
 }
 
 impl RegistryError {
+    pub fn no_version(agent: &str, version: u32) -> RegistryError {
+        RegistryError::NoVersion {
+            agent: agent.to_string(),
+            version,
+        }
+    }
+
     pub fn nothing_to_roll_back(agent: &str) -> RegistryError {
         RegistryError::Conflict(format!(
             "agent {agent:?} has no earlier active version to roll back to"
@@ -334,10 +341,7 @@ impl Registry {
         let mut index = self.index.clone();
         let record = agent_mut(&mut index, tenant, agent)?;
         if record.version(version).is_none() {
-            return Err(RegistryError::NoVersion {
-                agent: agent.to_string(),
-                version,
-            });
+            return Err(RegistryError::no_version(agent, version));
         }
         if record.active != Some(version) {
             if let Some(current) = record.active {
@@ -383,10 +387,7 @@ impl Registry {
         let mut index = self.index.clone();
         let record = agent_mut(&mut index, tenant, agent)?;
         let Some(at) = record.versions.iter().position(|v| v.version == version) else {
-            return Err(RegistryError::NoVersion {
-                agent: agent.to_string(),
-                version,
-            });
+            return Err(RegistryError::no_version(agent, version));
         };
         if record.active == Some(version) {
             return Err(RegistryError::Conflict(format!(

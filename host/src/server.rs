@@ -392,10 +392,7 @@ impl Server {
         let chosen = record
             .version(version)
             .cloned()
-            .ok_or_else(|| RegistryError::NoVersion {
-                agent: agent.to_string(),
-                version,
-            })?;
+            .ok_or_else(|| RegistryError::no_version(agent, version))?;
         // Compiled (or read from the cache) before anything changes: a version that cannot load is never
         // made active.
         let deployment = self
