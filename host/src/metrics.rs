@@ -1,7 +1,8 @@
 //! `/metrics`: every served agent's counters in the Prometheus text format (0.0.4), labelled by tenant and
 //! agent. Only counts and ids: never a key, a token, a caller's number or what was said.
 
-use crate::stats::{Counter, Stats, HANDLERS, LATENCY_BUCKETS};
+use crate::sandbox::HANDLERS;
+use crate::stats::{Counter, Stats, LATENCY_BUCKETS};
 use std::fmt::Write as _;
 
 /// What the whole host counts, beside each agent's [`Stats`].

@@ -395,18 +395,35 @@ pub enum Event {
 
 impl Event {
     pub fn name(&self) -> &'static str {
+        HANDLERS[self.handler()]
+    }
+
+    /// The handler's place in [`HANDLERS`].
+    pub fn handler(&self) -> usize {
         match self {
-            Event::SessionStart => "on-session-start",
-            Event::UserSaid(_) => "on-user-said",
-            Event::Audio(_) => "on-audio",
-            Event::ToolResult(_) => "on-tool-result",
-            Event::Frame(_) => "on-frame",
-            Event::SessionEnd(_) => "on-session-end",
-            Event::SessionLost => "on-session-lost",
-            Event::Restart(_) => "on-restart",
+            Event::SessionStart => 0,
+            Event::UserSaid(_) => 1,
+            Event::Audio(_) => 2,
+            Event::ToolResult(_) => 3,
+            Event::Frame(_) => 4,
+            Event::SessionEnd(_) => 5,
+            Event::SessionLost => 6,
+            Event::Restart(_) => 7,
         }
     }
 }
+
+/// The guest's handlers, as the WIT names them.
+pub const HANDLERS: [&str; 8] = [
+    "on-session-start",
+    "on-user-said",
+    "on-audio",
+    "on-tool-result",
+    "on-frame",
+    "on-session-end",
+    "on-session-lost",
+    "on-restart",
+];
 
 /// How a trap happened, for logs, metrics and `on-restart`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -532,7 +549,6 @@ impl Instance {
     /// Calls the handler for `event`. A trap replaces the instance; the caller then delivers
     /// [`Event::Restart`].
     pub async fn call(&mut self, event: &Event) -> Outcome {
-        let started = Instant::now();
         if self.live.is_none() {
             match self.instantiate().await {
                 Ok(live) => self.live = Some(live),
@@ -591,11 +607,6 @@ impl Instance {
             // A trap poisons the whole Store: the next call gets a fresh one.
             self.live = None;
         }
-        tracing::trace!(
-            handler = event.name(),
-            took_us = started.elapsed().as_micros() as u64,
-            "handler"
-        );
         outcome
     }
 }

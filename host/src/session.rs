@@ -574,9 +574,24 @@ pub async fn run(session: Arc<Session>, deployment: Arc<Deployment>, permit: Per
             version: deployment.version,
         },
     );
+    // Off the live list and out of its caps however the task ends (even dropped by a runtime shutdown).
+    let _serving = Serving {
+        session: &session,
+        _permit: permit,
+    };
     serve(&session, &deployment).await;
-    session.stats.live_end(&session.id);
-    drop(permit);
+}
+
+/// A call being served: listed live, holding its room under its caps, until dropped.
+struct Serving<'a> {
+    session: &'a Session,
+    _permit: Permit,
+}
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.session.stats.live_end(&self.session.id);
+    }
 }
 
 /// A call over a session cap: it gets the failure policy at once, without a guest.
@@ -618,7 +633,14 @@ async fn serve(session: &Arc<Session>, deployment: &Deployment) {
             while let Some(event) = next.take() {
                 let started = Instant::now();
                 let outcome = instance.call(&event).await;
-                session.stats.handled(&event, started.elapsed());
+                let took = started.elapsed();
+                session.stats.handled(&event, took);
+                tracing::trace!(
+                    session = session.id,
+                    handler = event.name(),
+                    took_us = took.as_micros() as u64,
+                    "handler"
+                );
                 match outcome {
                     Outcome::Ok => {}
                     Outcome::Failed(message) => {

@@ -2,7 +2,7 @@
 //! live calls, for the admin API.
 
 use crate::sandbox::wit::Call;
-use crate::sandbox::{Event, TrapKind};
+use crate::sandbox::{Event, TrapKind, HANDLERS};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -84,18 +84,6 @@ impl Histogram {
     }
 }
 
-/// The handlers, in the order of [`Stats::handlers`].
-pub const HANDLERS: [&str; 8] = [
-    "on-session-start",
-    "on-user-said",
-    "on-audio",
-    "on-tool-result",
-    "on-frame",
-    "on-session-end",
-    "on-session-lost",
-    "on-restart",
-];
-
 /// A call being served, as the admin API lists it (never its resume token).
 #[derive(Debug, Clone)]
 pub struct LiveSession {
@@ -150,10 +138,7 @@ impl Stats {
     }
 
     pub fn handled(&self, event: &Event, took: Duration) {
-        let name = event.name();
-        if let Some(at) = HANDLERS.iter().position(|h| *h == name) {
-            self.handlers[at].observe(took);
-        }
+        self.handlers[event.handler()].observe(took);
     }
 
     /// A call starts being served.
