@@ -240,13 +240,16 @@ fn normalize_host(host: &str) -> Result<String, ()> {
 pub struct PolicyHooks {
     policy: Arc<HttpPolicy>,
     open: Arc<AtomicUsize>,
+    /// The call whose instance makes the requests, for the log.
+    session: String,
 }
 
 impl PolicyHooks {
-    pub fn new(policy: Arc<HttpPolicy>) -> PolicyHooks {
+    pub fn new(policy: Arc<HttpPolicy>, session: impl Into<String>) -> PolicyHooks {
         PolicyHooks {
             policy,
             open: Arc::new(AtomicUsize::new(0)),
+            session: session.into(),
         }
     }
 
@@ -267,6 +270,7 @@ impl PolicyHooks {
         // string, with nothing for two parsers to read differently.
         if authority.as_str().contains('@') || !self.policy.allows(scheme, host, port) {
             tracing::warn!(
+                session = self.session,
                 scheme = scheme.as_str(),
                 host,
                 port,
@@ -316,6 +320,7 @@ impl WasiHttpHooks for PolicyHooks {
         }
         let Some(slot) = Slot::take(&self.open) else {
             tracing::warn!(
+                session = self.session,
                 limit = MAX_OPEN_REQUESTS,
                 "an agent's HTTP request was refused: too many requests open"
             );

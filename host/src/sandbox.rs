@@ -519,7 +519,7 @@ async fn instantiate(
         let state = HostState {
             wasi,
             http: WasiHttpCtx::new(),
-            http_hooks: PolicyHooks::new(limits.http.clone()),
+            http_hooks: PolicyHooks::new(limits.http.clone(), calls.info().session_id),
             table: ResourceTable::new(),
             calls,
             output,
