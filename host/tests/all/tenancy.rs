@@ -93,8 +93,13 @@ async fn every_malformed_upload_is_refused_with_its_reason_and_nothing_is_stored
     let conformance = crate::harness::guest("conformance");
     // The smallest valid component: it exports nothing, so it cannot be an agent.
     let empty_component = b"\0asm\x0d\x00\x01\x00".to_vec();
+    // A component of another world: it needs an interface the host does not give.
+    let foreign_import = wat::parse_str(
+        r#"(component (import "acme:billing/ledger@1.0.0" (instance (export "charge" (func)))))"#,
+    )
+    .unwrap();
     let core_module = b"\0asm\x01\x00\x00\x00".to_vec();
-    let cases: [(&str, Vec<u8>, u16, &str); 6] = [
+    let cases: [(&str, Vec<u8>, u16, &str); 7] = [
         (
             "not wasm",
             b"#!/bin/sh\necho hi\n".to_vec(),
@@ -103,7 +108,8 @@ async fn every_malformed_upload_is_refused_with_its_reason_and_nothing_is_stored
         ),
         ("empty", Vec::new(), 400, "not_wasm"),
         ("a core module", core_module, 400, "core_module"),
-        ("the wrong world", empty_component, 422, "wrong_world"),
+        ("no exports", empty_component, 422, "wrong_world"),
+        ("a foreign import", foreign_import, 422, "wrong_world"),
         (
             "truncated",
             conformance[..conformance.len() / 2].to_vec(),
@@ -126,7 +132,11 @@ async fn every_malformed_upload_is_refused_with_its_reason_and_nothing_is_stored
             (status, Some(code)),
             "{what}: {answer}"
         );
-        assert!(!answer["error"]["message"].as_str().unwrap().is_empty());
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(!message.is_empty());
+        if what == "a foreign import" {
+            assert!(message.contains("acme:billing/ledger"), "{message}");
+        }
     }
     let (status, answer) = hosting
         .api(
