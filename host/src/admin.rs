@@ -32,6 +32,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/agents/{agent_id}/rollback"),
     ("put", "/v1/agents/{agent_id}/failure-policy"),
     ("get", "/v1/sessions"),
+    ("get", "/v1/metrics"),
 ];
 
 /// The admin API over `server`.
@@ -53,6 +54,7 @@ pub fn router(server: Arc<Server>) -> Router {
         .route("/v1/agents/{agent_id}/rollback", post(rollback))
         .route("/v1/agents/{agent_id}/failure-policy", put(set_policy))
         .route("/v1/sessions", get(sessions))
+        .route("/v1/metrics", get(tenant_metrics))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(access_log))
         .with_state(server)
@@ -279,11 +281,22 @@ async fn metrics(State(server): State<Arc<Server>>, headers: header::HeaderMap) 
     }
     let text = metrics::render(
         &server.stats(),
-        HostCounts {
+        Some(HostCounts {
             compilations: &server.compilations,
             cache_loads: &server.cache_loads,
-        },
+        }),
     );
+    prometheus(text)
+}
+
+/// The tenant's own agents' metrics, nobody else's.
+async fn tenant_metrics(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Response {
+    let mut stats = server.stats();
+    stats.retain(|(owner, _, _)| *owner == tenant);
+    prometheus(metrics::render(&stats, None))
+}
+
+fn prometheus(text: String) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -140,10 +140,10 @@ async fn tour(dir: &Path) -> Result<()> {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let metrics = voicehost::metrics::render(
         &hosted.server.stats(),
-        voicehost::metrics::HostCounts {
+        Some(voicehost::metrics::HostCounts {
             compilations: &hosted.server.compilations,
             cache_loads: &hosted.server.cache_loads,
-        },
+        }),
     );
     println!("\nfrom /metrics:");
     for line in metrics.lines().filter(|l| {

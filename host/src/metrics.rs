@@ -14,8 +14,12 @@ pub struct HostCounts<'a> {
 /// A counter of each agent: its name, its help, how to read it.
 type AgentCounter = (&'static str, &'static str, fn(&Stats) -> u64);
 
-/// The text of `/metrics` for these agents: (tenant, agent, stats).
-pub fn render(agents: &[(String, String, std::sync::Arc<Stats>)], host: HostCounts<'_>) -> String {
+/// The text of `/metrics` for these agents: (tenant, agent, stats); with the whole host's counts for the
+/// operator, without them for a tenant's own view (`/v1/metrics`).
+pub fn render(
+    agents: &[(String, String, std::sync::Arc<Stats>)],
+    host: Option<HostCounts<'_>>,
+) -> String {
     let mut out = String::new();
     let counters: [AgentCounter; 15] = [
         (
@@ -181,6 +185,9 @@ pub fn render(agents: &[(String, String, std::sync::Arc<Stats>)], host: HostCoun
             );
         }
     }
+    let Some(host) = host else {
+        return out;
+    };
     header(
         &mut out,
         "agents_served",
@@ -244,10 +251,10 @@ mod tests {
         let counts = (Counter::default(), Counter::default());
         let text = render(
             &[("acme".into(), "agent_a".into(), stats)],
-            HostCounts {
+            Some(HostCounts {
                 compilations: &counts.0,
                 cache_loads: &counts.1,
-            },
+            }),
         );
         assert!(text
             .contains("voicehost_sessions_started_total{tenant=\"acme\",agent=\"agent_a\"} 1\n"));

@@ -78,6 +78,25 @@ async fn a_tenant_cannot_list_read_activate_or_delete_another_tenants_agents_nor
     call.say("echo still served");
     call.expect_say("still served").await.unwrap();
 
+    // Each tenant's own metrics name only its own agents.
+    let (status, mine) = hosting
+        .api("GET", "/v1/metrics", Some(GLOBEX_TOKEN), vec![])
+        .await;
+    assert_eq!(status, 200);
+    let mine = mine.as_str().unwrap();
+    assert!(
+        mine.contains("voicehost_sessions_live{tenant=\"globex\",agent=\"agent_globex\"} 1"),
+        "{mine}"
+    );
+    let (_, theirs) = hosting
+        .api("GET", "/v1/metrics", Some(ACME_TOKEN), vec![])
+        .await;
+    let theirs = theirs.as_str().unwrap();
+    assert!(
+        !theirs.contains("globex") && !theirs.contains("compilations"),
+        "{theirs}"
+    );
+
     for token in [None, Some("not-a-token"), Some("")] {
         let (status, answer) = hosting.api("GET", "/v1/agents", token, vec![]).await;
         assert_eq!(status, 401, "{token:?}");
