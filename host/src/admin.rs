@@ -161,7 +161,7 @@ impl FromRequestParts<Arc<Server>> for Tenant {
         server: &Arc<Server>,
     ) -> Result<Tenant, ApiError> {
         match bearer(&parts.headers).and_then(|token| server.tenant_by_token(token)) {
-            Some(tenant) => Ok(Tenant(tenant.id.clone())),
+            Some(tenant) => Ok(Tenant(tenant)),
             None => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",

@@ -8,14 +8,14 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Gate {
     live: AtomicUsize,
-    cap: usize,
+    cap: AtomicUsize,
 }
 
 impl Gate {
     pub fn new(cap: usize) -> Arc<Gate> {
         Arc::new(Gate {
             live: AtomicUsize::new(0),
-            cap,
+            cap: AtomicUsize::new(cap),
         })
     }
 
@@ -23,10 +23,16 @@ impl Gate {
         self.live.load(Ordering::Relaxed)
     }
 
+    /// A new cap, for calls from now on (calls already in keep their room, even over it).
+    pub fn set_cap(&self, cap: usize) {
+        self.cap.store(cap, Ordering::Release);
+    }
+
     fn enter(&self) -> bool {
+        let cap = self.cap.load(Ordering::Acquire);
         self.live
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| {
-                (live < self.cap).then_some(live + 1)
+                (live < cap).then_some(live + 1)
             })
             .is_ok()
     }
@@ -92,8 +98,11 @@ mod tests {
         assert_eq!(tenant.live(), 1, "a refused call takes no room");
         let second = other_agent.admit().expect("the tenant has room for two");
         assert!(other_agent.admit().is_none(), "the tenant's cap is 2");
-        drop(first);
         drop(second);
+        agent.set_cap(2);
+        let third = admission.admit().expect("the agent's cap is 2 now");
+        drop(third);
+        drop(first);
         assert_eq!((tenant.live(), agent.live()), (0, 0));
         assert!(admission.admit().is_some());
     }

@@ -207,12 +207,40 @@ async fn serve(path: &std::path::Path) -> Result<()> {
     });
     // The admin API answers `/healthz` with 503 until every active agent is loaded.
     server.start().await;
-    shutdown_signal().await;
+    serve_until_stopped(&server, path).await;
     tracing::info!("stopping: closing every connection");
     let _ = stop.send(true);
     server.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_secs(5), api).await;
     Ok(())
+}
+
+/// Waits for SIGINT or SIGTERM; on SIGHUP, reloads the config (a config that does not load is logged and
+/// changes nothing).
+async fn serve_until_stopped(server: &Arc<Server>, path: &std::path::Path) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut hangups) = signal(SignalKind::hangup()) {
+            let stop = shutdown_signal();
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = hangups.recv() => {
+                        let reloaded = match ServeConfig::read(path) {
+                            Ok(config) => server.reload(&config).await,
+                            Err(error) => Err(error),
+                        };
+                        if let Err(error) = reloaded {
+                            tracing::error!(error = %format!("{error:#}"), "the config was not reloaded: nothing changed");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    shutdown_signal().await;
 }
 
 async fn shutdown_signal() {

@@ -15,7 +15,7 @@ use crate::session::{CallRules, FailurePolicy};
 use crate::stats::{Counter, LiveSession, Stats};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -41,6 +41,8 @@ struct Running {
     task: JoinHandle<()>,
     /// Why Sent refused the agent, once it has (the link then stops until the agent is activated again).
     refused: Arc<Mutex<Option<String>>>,
+    /// The agent's own cap on concurrent calls (unbounded when the config sets none; the tenant's applies).
+    agent_gate: Arc<Gate>,
 }
 
 /// Whether an agent's calls can reach it.
@@ -56,13 +58,17 @@ pub enum AgentStatus {
     Refused(String),
 }
 
+/// Each tenant by id, with the cap on its calls.
+type Tenants = BTreeMap<String, (Arc<Tenant>, Arc<Gate>)>;
+
 /// The multi-tenant host.
 pub struct Server {
     sandbox: Sandbox,
     sent_url: String,
     connections: usize,
-    tenants: BTreeMap<String, (Tenant, Arc<Gate>)>,
-    metrics_token: Option<TokenHash>,
+    /// Replaced whole when the config is reloaded.
+    tenants: RwLock<Tenants>,
+    metrics_token: RwLock<Option<TokenHash>>,
     registry: tokio::sync::Mutex<Registry>,
     running: Mutex<BTreeMap<(String, String), Running>>,
     ready: AtomicBool,
@@ -83,7 +89,7 @@ impl Server {
             .into_iter()
             .map(|tenant| {
                 let gate = Gate::new(tenant.limits.max_sessions);
-                (tenant.id.clone(), (tenant, gate))
+                (tenant.id.clone(), (Arc::new(tenant), gate))
             })
             .collect();
         let store = DiskStore::new(config.data_dir.join("components"))
@@ -91,11 +97,11 @@ impl Server {
         let registry = Registry::open(Box::new(store))?;
         let sandbox = Sandbox::new()?.with_cache(config.data_dir.join("compiled"));
         Ok(Arc::new(Server {
-            metrics_token: config.metrics_token()?,
+            metrics_token: RwLock::new(config.metrics_token()?),
             sandbox,
             sent_url: config.sent_url.clone(),
             connections: config.connections,
-            tenants,
+            tenants: RwLock::new(tenants),
             registry: tokio::sync::Mutex::new(registry),
             running: Mutex::new(BTreeMap::new()),
             ready: AtomicBool::new(false),
@@ -109,33 +115,7 @@ impl Server {
     pub async fn start(self: &Arc<Server>) {
         let started = Instant::now();
         let registry = self.registry.lock().await;
-        let mut active = registry.active();
-        // Smallest first: one large component compiling after a cache loss does not hold up every other
-        // agent (each starts serving as soon as it is loaded).
-        active.sort_by_key(|(_, _, version)| version.size_bytes);
-        for (tenant, agent, version) in active {
-            if !self.tenants.contains_key(&tenant) {
-                tracing::warn!(
-                    tenant,
-                    agent,
-                    "the tenant is no longer in the config: not serving its agent"
-                );
-                continue;
-            }
-            let record = match registry.agent(&tenant, &agent) {
-                Ok(record) => record.clone(),
-                Err(_) => continue,
-            };
-            match self
-                .deployment(&registry, &tenant, &agent, &record, &version)
-                .await
-            {
-                Ok(deployment) => self.serve(&tenant, &agent, deployment),
-                Err(error) => {
-                    tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version")
-                }
-            }
-        }
+        self.serve_active(&registry).await;
         drop(registry);
         self.ready.store(true, Ordering::Release);
         tracing::info!(
@@ -147,17 +127,135 @@ impl Server {
         );
     }
 
+    /// Serves the active versions of the config's tenants that are not served yet.
+    async fn serve_active(self: &Arc<Server>, registry: &Registry) {
+        let mut active = registry.active();
+        // Smallest first: one large component compiling after a cache loss does not hold up every other
+        // agent (each starts serving as soon as it is loaded).
+        active.sort_by_key(|(_, _, version)| version.size_bytes);
+        for (tenant, agent, version) in active {
+            if self.tenant(&tenant).is_none() {
+                tracing::warn!(
+                    tenant,
+                    agent,
+                    "the tenant is not in the config: not serving its agent"
+                );
+                continue;
+            }
+            if self.running().contains_key(&key(&tenant, &agent)) {
+                continue;
+            }
+            let Ok(record) = registry.agent(&tenant, &agent).cloned() else {
+                continue;
+            };
+            match self
+                .deployment(registry, &tenant, &agent, &record, &version)
+                .await
+            {
+                Ok(deployment) => self.serve(&tenant, &agent, deployment),
+                Err(error) => {
+                    tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version")
+                }
+            }
+        }
+    }
+
+    /// Takes the tenants, limits and metrics token of `config` without a restart: a new tenant can log in
+    /// and its agents are served; a removed tenant's agents stop (their calls go to Sent's fallback); a
+    /// tenant whose Sent key changed reconnects its agents with the new key; new limits and HTTP policies
+    /// apply to new calls. A config that does not load changes nothing. The data directory, the admin
+    /// listener, the Sent URL and the connections per agent need a restart.
+    pub async fn reload(self: &Arc<Server>, config: &ServeConfig) -> anyhow::Result<()> {
+        let fresh = config.tenants()?;
+        let metrics_token = config.metrics_token()?;
+        // No admin change in between.
+        let registry = self.registry.lock().await;
+        let (gone, rekeyed) = {
+            let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
+            let mut next = BTreeMap::new();
+            let mut rekeyed = Vec::new();
+            for tenant in fresh {
+                let gate = match tenants.get(&tenant.id) {
+                    Some((old, gate)) => {
+                        if old.api_key.expose() != tenant.api_key.expose() {
+                            rekeyed.push(tenant.id.clone());
+                        }
+                        gate.set_cap(tenant.limits.max_sessions);
+                        gate.clone()
+                    }
+                    None => Gate::new(tenant.limits.max_sessions),
+                };
+                next.insert(tenant.id.clone(), (Arc::new(tenant), gate));
+            }
+            let gone: Vec<String> = tenants
+                .keys()
+                .filter(|id| !next.contains_key(*id))
+                .cloned()
+                .collect();
+            *tenants = next;
+            (gone, rekeyed)
+        };
+        *self
+            .metrics_token
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = metrics_token;
+        let stopping: Vec<Running> = {
+            let mut running = self.running();
+            let keys: Vec<(String, String)> = running
+                .keys()
+                .filter(|(tenant, _)| gone.contains(tenant) || rekeyed.contains(tenant))
+                .cloned()
+                .collect();
+            keys.iter().filter_map(|k| running.remove(k)).collect()
+        };
+        stop_all(stopping).await;
+        let kept: Vec<(String, String)> = self.running().keys().cloned().collect();
+        for (tenant, agent) in kept {
+            let (Ok(record), Some(config)) =
+                (registry.agent(&tenant, &agent), self.tenant(&tenant))
+            else {
+                continue;
+            };
+            let rules = self.rules(&tenant, &agent, record);
+            if let Some(running) = self.running().get(&key(&tenant, &agent)) {
+                let current = running.deployment.borrow().clone();
+                running.deployment.send_replace(Arc::new(Deployment {
+                    version: current.version,
+                    code: current.code.clone(),
+                    rules,
+                }));
+                running
+                    .agent_gate
+                    .set_cap(config.agent_session_cap(&agent).unwrap_or(usize::MAX));
+            }
+        }
+        self.serve_active(&registry).await;
+        tracing::info!(
+            tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner()).len(),
+            removed = gone.len(),
+            rekeyed = rekeyed.len(),
+            agents = self.running().len(),
+            "the config is reloaded"
+        );
+        Ok(())
+    }
+
     pub fn ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// The tenant whose admin token this is.
-    pub fn tenant_by_token(&self, token: &str) -> Option<&Tenant> {
+    /// The id of the tenant whose admin token this is.
+    pub fn tenant_by_token(&self, token: &str) -> Option<String> {
         // Every tenant is checked, so the time taken does not tell which one matched.
         let mut found = None;
-        for (tenant, _) in self.tenants.values() {
+        for (tenant, _) in self
+            .tenants
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
             if tenant.owns_token(token) {
-                found = Some(tenant);
+                found = Some(tenant.id.clone());
             }
         }
         found
@@ -165,14 +263,18 @@ impl Server {
 
     /// Whether a request for `/metrics` with this bearer token (if any) may read it.
     pub fn may_read_metrics(&self, token: Option<&str>) -> bool {
-        match &self.metrics_token {
+        match &*self.metrics_token.read().unwrap_or_else(|p| p.into_inner()) {
             None => true,
             Some(hash) => token.is_some_and(|token| hash.matches(token)),
         }
     }
 
-    pub fn tenant(&self, id: &str) -> Option<&Tenant> {
-        self.tenants.get(id).map(|(tenant, _)| tenant)
+    pub fn tenant(&self, id: &str) -> Option<Arc<Tenant>> {
+        self.tenants
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .map(|(tenant, _)| tenant.clone())
     }
 
     // ----- what the admin API asks -----
@@ -305,10 +407,7 @@ impl Server {
         let mut registry = self.registry.lock().await;
         registry.delete_agent(tenant, agent)?;
         let running = self.running().remove(&key(tenant, agent));
-        if let Some(running) = running {
-            let _ = running.stop.send(true);
-            let _ = tokio::time::timeout(Duration::from_secs(5), running.task).await;
-        }
+        stop_all(running.into_iter().collect()).await;
         tracing::info!(tenant, agent, "deleted");
         Ok(())
     }
@@ -367,12 +466,7 @@ impl Server {
     /// Stops serving every agent: their connections close, live calls go to Sent's fallback.
     pub async fn shutdown(&self) {
         let running: Vec<Running> = std::mem::take(&mut *self.running()).into_values().collect();
-        for agent in &running {
-            let _ = agent.stop.send(true);
-        }
-        for agent in running {
-            let _ = tokio::time::timeout(Duration::from_secs(5), agent.task).await;
-        }
+        stop_all(running).await;
     }
 
     // ----- inside -----
@@ -480,13 +574,17 @@ impl Server {
                 return;
             }
         }
-        let Some((tenant_config, tenant_gate)) = self.tenants.get(tenant) else {
+        let Some((tenant_config, tenant_gate)) = self
+            .tenants
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(tenant)
+            .cloned()
+        else {
             return;
         };
-        let mut gates = vec![tenant_gate.clone()];
-        if let Some(cap) = tenant_config.agent_session_cap(agent) {
-            gates.push(Gate::new(cap));
-        }
+        let agent_gate = Gate::new(tenant_config.agent_session_cap(agent).unwrap_or(usize::MAX));
+        let gates = vec![tenant_gate, agent_gate.clone()];
         let (deployments, receiver) = watch::channel(deployment);
         let (stop, stopped) = watch::channel(false);
         let stats = Arc::new(Stats::default());
@@ -515,8 +613,19 @@ impl Server {
                 stats,
                 task,
                 refused,
+                agent_gate,
             },
         );
+    }
+}
+
+/// Stops these agents' links: their connections close and Sent sends their calls to their fallback.
+async fn stop_all(agents: Vec<Running>) {
+    for agent in &agents {
+        let _ = agent.stop.send(true);
+    }
+    for agent in agents {
+        let _ = tokio::time::timeout(Duration::from_secs(5), agent.task).await;
     }
 }
 

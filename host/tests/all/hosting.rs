@@ -67,33 +67,25 @@ impl Hosting {
         std::fs::write(dir.join("acme.key"), ACME_KEY).unwrap();
         std::fs::write(dir.join("globex.key"), GLOBEX_KEY).unwrap();
         let config = dir.join("voicehost.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"
-data_dir = "data"
-sent_url = "{url}"
-{top}
-
-[[tenants]]
-id = "globex"
-token_sha256 = "{globex}"
-api_key_file = "{dir}/globex.key"
-
-[[tenants]]
-id = "acme"
-token_sha256 = "{acme_hash}"
-api_key_file = "{dir}/acme.key"
-{acme}
-"#,
-                url = sim.url(),
-                globex = token_sha256(GLOBEX_TOKEN),
-                acme_hash = token_sha256(ACME_TOKEN),
-                dir = dir.display(),
-            ),
-        )
-        .unwrap();
+        let tenants = format!(
+            "{}{}\n{acme}\n",
+            tenant("globex", GLOBEX_TOKEN, &dir),
+            tenant("acme", ACME_TOKEN, &dir)
+        );
+        write_config(&config, &sim.url(), top, &tenants);
         Hosting::open(sim, dir, config).await
+    }
+
+    /// Writes a config with these `[[tenants]]` tables (see [`tenant`]) and reloads it, as SIGHUP does.
+    pub async fn reload(&self, tenants: &str) -> anyhow::Result<()> {
+        write_config(&self.config, &self.sim.url(), "", tenants);
+        let config = ServeConfig::read(&self.config)?;
+        self.server.reload(&config).await
+    }
+
+    /// A `[[tenants]]` table for `id` with this admin token, its key in `<id>.key` of the data directory.
+    pub fn tenant(&self, id: &str, token: &str) -> String {
+        tenant(id, token, &self.dir)
     }
 
     async fn open(sim: Sim, dir: PathBuf, config: PathBuf) -> Hosting {
@@ -184,6 +176,19 @@ api_key_file = "{dir}/acme.key"
         self.sim.shutdown();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+fn tenant(id: &str, token: &str, dir: &std::path::Path) -> String {
+    format!(
+        "\n[[tenants]]\nid = \"{id}\"\ntoken_sha256 = \"{}\"\napi_key_file = \"{}/{id}.key\"\n",
+        token_sha256(token),
+        dir.display()
+    )
+}
+
+fn write_config(path: &std::path::Path, sent_url: &str, top: &str, tenants: &str) {
+    let text = format!("data_dir = \"data\"\nsent_url = \"{sent_url}\"\n{top}\n{tenants}");
+    std::fs::write(path, text).unwrap();
 }
 
 /// The value of one metric sample, by its name and labels as written (`name{labels}`).

@@ -80,13 +80,17 @@ impl Served {
         }
     }
 
-    /// SIGTERM, and the exit that follows.
-    fn stop(mut self) -> String {
-        let terminated = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+    fn signal(&self, name: &str) {
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
             .unwrap();
-        assert!(terminated.success());
+        assert!(sent.success(), "kill -{name}");
+    }
+
+    /// SIGTERM, and the exit that follows.
+    fn stop(mut self) -> String {
+        self.signal("TERM");
         let deadline = Instant::now() + Duration::from_secs(20);
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -212,7 +216,28 @@ async fn an_operator_serves_an_uploaded_agent_restarts_from_the_cache_and_no_sec
     );
     assert_eq!(metric(&metrics, "voicehost_compilations_total"), 1.0);
     said.extend([uploaded, sessions, listed.to_string(), metrics]);
+
+    // A second tenant joins without a restart: the config gains it, and SIGHUP reloads it.
+    let second = "vh_second_tenant_admin_token";
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "\n[[tenants]]\nid = \"second-co\"\ntoken_sha256 = \"{}\"\napi_key_file = \"{}\"\n",
+        voicehost::config::token_sha256(second),
+        dir.join("support.key").display()
+    ));
+    std::fs::write(&config, text).unwrap();
+    served.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = request(&served.admin, "GET", "/v1/agents", Some(second), vec![]).await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new tenant never got in");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let mut logs = served.stop();
+    assert!(logs.contains("the config is reloaded"), "{logs}");
 
     // Started again on the same data directory: nothing is compiled, and calls are served.
     let served = Served::start(&config);

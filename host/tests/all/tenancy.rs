@@ -605,3 +605,66 @@ async fn with_a_metrics_token_only_the_operator_reads_the_metrics() {
     assert_eq!(status, 401);
     hosting.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_config_adds_and_removes_tenants_and_changes_limits_without_dropping_calls() {
+    let hosting = Hosting::start("reload", "").await;
+    hosting
+        .deploy(ACME_TOKEN, "agent_acme", "conformance")
+        .await;
+    hosting
+        .deploy(GLOBEX_TOKEN, "agent_globex", "conformance")
+        .await;
+    let globex_conn = hosting.connection("agent_globex").await;
+    let conn = hosting.connection("agent_acme").await;
+    let mut live = conn.start_text();
+    live.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+
+    // globex leaves, initech arrives, acme may hold one call at a time from now on.
+    let initech = "vh_initech_admin_token";
+    std::fs::write(hosting.dir.join("initech.key"), "sk_initech").unwrap();
+    let tenants = format!(
+        "{}{}[tenants.limits]\nmax_sessions = 1\n",
+        hosting.tenant("initech", initech),
+        hosting.tenant("acme", ACME_TOKEN)
+    );
+    hosting.reload(&tenants).await.unwrap();
+
+    let (status, _) = hosting
+        .api("GET", "/v1/agents", Some(GLOBEX_TOKEN), vec![])
+        .await;
+    assert_eq!(status, 401, "globex is gone");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while globex_conn.is_open() {
+        assert!(
+            Instant::now() < deadline,
+            "globex's agent is still connected"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, agents) = hosting
+        .api("GET", "/v1/agents", Some(initech), vec![])
+        .await;
+    assert_eq!(
+        (status, agents),
+        (200, json!({"agents": []})),
+        "initech can log in"
+    );
+    // acme's call goes on; its next call is over the new cap of 1.
+    live.say("echo still here");
+    live.expect_say("still here").await.unwrap();
+    let mut over = conn.start_text();
+    over.expect_tool("hangup").await.unwrap();
+
+    // A config that does not load changes nothing.
+    let error = hosting.reload("max_sesions = 3\n").await.unwrap_err();
+    assert!(format!("{error:#}").contains("max_sesions"), "{error:#}");
+    let (status, _) = hosting
+        .api("GET", "/v1/agents", Some(initech), vec![])
+        .await;
+    assert_eq!(status, 200);
+    live.end("completed");
+    hosting.finish().await;
+}
