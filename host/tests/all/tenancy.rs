@@ -25,6 +25,15 @@ async fn until_metrics(hosting: &Hosting, what: &str, check: impl Fn(&str) -> bo
     }
 }
 
+/// Waits until the host has closed `conn`.
+async fn closed(conn: &sentsim::ConnHandle, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while conn.is_open() {
+        assert!(Instant::now() < deadline, "{what} stays open");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_cannot_list_read_activate_or_delete_another_tenants_agents_nor_see_its_sessions()
 {
@@ -432,14 +441,7 @@ async fn deleting_an_agent_closes_its_connections_and_forgets_it() {
         .api("DELETE", "/v1/agents/agent_acme", Some(ACME_TOKEN), vec![])
         .await;
     assert_eq!(status, 204);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while conn.is_open() {
-        assert!(
-            Instant::now() < deadline,
-            "the agent's connection stays open"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    closed(&conn, "the deleted agent's connection").await;
     let (status, _) = hosting
         .api("GET", "/v1/agents/agent_acme", Some(ACME_TOKEN), vec![])
         .await;
@@ -636,14 +638,7 @@ async fn a_reloaded_config_adds_and_removes_tenants_and_changes_limits_without_d
         .api("GET", "/v1/agents", Some(GLOBEX_TOKEN), vec![])
         .await;
     assert_eq!(status, 401, "globex is gone");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while globex_conn.is_open() {
-        assert!(
-            Instant::now() < deadline,
-            "globex's agent is still connected"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    closed(&globex_conn, "the removed tenant's agent's connection").await;
     let (status, agents) = hosting
         .api("GET", "/v1/agents", Some(initech), vec![])
         .await;
