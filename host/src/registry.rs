@@ -338,32 +338,32 @@ impl Registry {
         agent: &str,
         version: u32,
     ) -> Result<(), RegistryError> {
-        let mut index = self.index.clone();
-        let record = agent_mut(&mut index, tenant, agent)?;
-        if record.version(version).is_none() {
-            return Err(RegistryError::no_version(agent, version));
-        }
-        if record.active != Some(version) {
-            if let Some(current) = record.active {
-                record.previous.retain(|v| *v != current);
-                record.previous.push(current);
+        self.change(tenant, agent, |record| {
+            if record.version(version).is_none() {
+                return Err(RegistryError::no_version(agent, version));
             }
-            record.previous.retain(|v| *v != version);
-            record.active = Some(version);
-        }
-        self.commit(index)
+            if record.active != Some(version) {
+                if let Some(current) = record.active {
+                    record.previous.retain(|v| *v != current);
+                    record.previous.push(current);
+                }
+                record.previous.retain(|v| *v != version);
+                record.active = Some(version);
+            }
+            Ok(())
+        })
     }
 
     /// Activates the version that was active before the current one; returns it.
     pub fn rollback(&mut self, tenant: &str, agent: &str) -> Result<u32, RegistryError> {
-        let mut index = self.index.clone();
-        let record = agent_mut(&mut index, tenant, agent)?;
-        let Some(back) = record.previous.pop() else {
-            return Err(RegistryError::nothing_to_roll_back(agent));
-        };
-        record.active = Some(back);
-        self.commit(index)?;
-        Ok(back)
+        self.change(tenant, agent, |record| {
+            let back = record
+                .previous
+                .pop()
+                .ok_or_else(|| RegistryError::nothing_to_roll_back(agent))?;
+            record.active = Some(back);
+            Ok(back)
+        })
     }
 
     pub fn set_policy(
@@ -372,9 +372,10 @@ impl Registry {
         agent: &str,
         policy: PolicyRecord,
     ) -> Result<(), RegistryError> {
-        let mut index = self.index.clone();
-        agent_mut(&mut index, tenant, agent)?.failure_policy = policy;
-        self.commit(index)
+        self.change(tenant, agent, |record| {
+            record.failure_policy = policy;
+            Ok(())
+        })
     }
 
     /// Forgets a version that is not active.
@@ -384,19 +385,18 @@ impl Registry {
         agent: &str,
         version: u32,
     ) -> Result<(), RegistryError> {
-        let mut index = self.index.clone();
-        let record = agent_mut(&mut index, tenant, agent)?;
-        let Some(at) = record.versions.iter().position(|v| v.version == version) else {
-            return Err(RegistryError::no_version(agent, version));
-        };
-        if record.active == Some(version) {
-            return Err(RegistryError::Conflict(format!(
-                "version {version} is active: activate another one, or delete the agent"
-            )));
-        }
-        let removed = record.versions.remove(at);
-        record.previous.retain(|v| *v != version);
-        self.commit(index)?;
+        let removed = self.change(tenant, agent, |record| {
+            let Some(at) = record.versions.iter().position(|v| v.version == version) else {
+                return Err(RegistryError::no_version(agent, version));
+            };
+            if record.active == Some(version) {
+                return Err(RegistryError::Conflict(format!(
+                    "version {version} is active: activate another one, or delete the agent"
+                )));
+            }
+            record.previous.retain(|v| *v != version);
+            Ok(record.versions.remove(at))
+        })?;
         self.collect(&removed.digest);
         Ok(())
     }
@@ -418,6 +418,19 @@ impl Registry {
             self.collect(&version.digest);
         }
         Ok(())
+    }
+
+    /// Applies `edit` to a copy of one agent's record and commits it; an error from `edit` changes nothing.
+    fn change<T>(
+        &mut self,
+        tenant: &str,
+        agent: &str,
+        edit: impl FnOnce(&mut AgentRecord) -> Result<T, RegistryError>,
+    ) -> Result<T, RegistryError> {
+        let mut index = self.index.clone();
+        let result = edit(agent_mut(&mut index, tenant, agent)?)?;
+        self.commit(index)?;
+        Ok(result)
     }
 
     /// Writes `index` and only then makes it the registry's: a failed write changes nothing.
