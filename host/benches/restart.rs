@@ -19,10 +19,10 @@
 //!
 //! The markdown tables go to stdout; progress goes to stderr.
 
+#[path = "../tests/all/admin_http.rs"]
+mod admin_http;
+
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use sentsim::sim::Account;
 use sentsim::{Dir, Sim, SimConfig, What};
 use std::collections::BTreeSet;
@@ -205,7 +205,7 @@ async fn registry(name: &'static str, mut agents: Vec<Agent>) -> Result<Registry
             agent.id,
             agent.wasm.len() as f64 / 1e6
         );
-        let (status, body) = request(
+        let (status, body) = admin_http::send(
             &served.admin,
             "POST",
             &format!("/v1/agents/{}/versions?activate=true", agent.id),
@@ -446,7 +446,8 @@ impl Served {
     async fn healthy(&self) -> Result<Instant> {
         let deadline = Instant::now() + PATIENCE;
         loop {
-            let (status, _) = request(&self.admin, "GET", "/healthz", None, vec![]).await?;
+            let (status, _) =
+                admin_http::send(&self.admin, "GET", "/healthz", None, vec![]).await?;
             if status == 200 {
                 return Ok(Instant::now());
             }
@@ -461,7 +462,7 @@ impl Served {
 
     /// `voicehost_compilations_total` and `voicehost_compiled_cache_loads_total`.
     async fn counts(&self) -> Result<(f64, f64)> {
-        let (status, body) = request(&self.admin, "GET", "/metrics", None, vec![]).await?;
+        let (status, body) = admin_http::send(&self.admin, "GET", "/metrics", None, vec![]).await?;
         ensure!(status == 200, "/metrics answered {status}");
         let text = body.as_str().unwrap_or_default();
         Ok((
@@ -517,41 +518,6 @@ fn metric(text: &str, name: &str) -> Result<f64> {
         .trim()
         .parse()
         .with_context(|| format!("{name} in /metrics"))
-}
-
-/// One HTTP/1.1 request on a fresh loopback connection: the status and the body (JSON when it is).
-async fn request(
-    base: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Vec<u8>,
-) -> Result<(u16, serde_json::Value)> {
-    let authority = base
-        .strip_prefix("http://")
-        .ok_or_else(|| anyhow!("not an http:// address: {base}"))?;
-    let stream = tokio::net::TcpStream::connect(authority).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
-    let mut builder = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", authority);
-    if let Some(token) = token {
-        builder = builder.header("authorization", format!("Bearer {token}"));
-    }
-    let response = tokio::time::timeout(
-        PATIENCE,
-        sender.send_request(builder.body(Full::new(Bytes::from(body)))?),
-    )
-    .await
-    .map_err(|_| anyhow!("{method} {path}: no answer"))??;
-    let status = response.status().as_u16();
-    let bytes = response.into_body().collect().await?.to_bytes();
-    let value = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
-        serde_json::Value::String(String::from_utf8_lossy(&bytes).into_owned())
-    });
-    Ok((status, value))
 }
 
 /// A fresh directory under the target directory, removed when dropped.

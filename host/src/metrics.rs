@@ -11,8 +11,8 @@ pub struct HostCounts<'a> {
     pub cache_loads: &'a Counter,
 }
 
-/// A counter of each agent: its name, its help, how to read it.
-type AgentCounter = (&'static str, &'static str, fn(&Stats) -> u64);
+/// A series of each agent: its name, its help, its type (counter or gauge), how to read it.
+type AgentSeries = (&'static str, &'static str, &'static str, fn(&Stats) -> u64);
 
 /// The text of `/metrics` for these agents: (tenant, agent, stats); with the whole host's counts for the
 /// operator, without them for a tenant's own view (`/v1/metrics`).
@@ -21,79 +21,101 @@ pub fn render(
     host: Option<HostCounts<'_>>,
 ) -> String {
     let mut out = String::new();
-    let counters: [AgentCounter; 15] = [
+    const C: &str = "counter";
+    let series: [AgentSeries; 17] = [
         (
             "sessions_started_total",
             "Calls Sent started with the agent.",
+            C,
             |s| s.sessions_started.get(),
         ),
         (
             "sessions_ended_total",
             "Calls that ended with session.end.",
+            C,
             |s| s.sessions_ended.get(),
         ),
         (
             "sessions_lost_total",
             "Calls lost: no resume was possible.",
+            C,
             |s| s.sessions_lost.get(),
         ),
         (
             "sessions_refused_total",
             "Calls over a session cap, given the failure policy at once.",
+            C,
             |s| s.sessions_refused.get(),
         ),
-        ("restarts_total", "Fresh instances after a trap.", |s| {
+        ("restarts_total", "Fresh instances after a trap.", C, |s| {
             s.restarts.get()
         }),
         (
             "handler_errors_total",
             "Handlers that returned an error.",
+            C,
             |s| s.handler_errors.get(),
         ),
         (
             "failure_policies_total",
             "Failure policies applied (repeated traps or over a cap).",
+            C,
             |s| s.policies_applied.get(),
         ),
         (
             "frames_in_total",
             "Text frames from Sent delivered to sessions.",
+            C,
             |s| s.frames_in.get(),
         ),
         (
             "frames_out_total",
             "Text frames sessions sent to Sent.",
+            C,
             |s| s.frames_out.get(),
         ),
-        ("audio_in_total", "Audio messages from Sent.", |s| {
+        ("audio_in_total", "Audio messages from Sent.", C, |s| {
             s.audio_in.get()
         }),
-        ("audio_out_total", "Audio messages sent to Sent.", |s| {
+        ("audio_out_total", "Audio messages sent to Sent.", C, |s| {
             s.audio_out.get()
         }),
         (
             "audio_dropped_total",
             "Caller audio dropped because the agent was behind.",
+            C,
             |s| s.audio_dropped.get(),
         ),
         (
             "resumes_total",
             "Sessions resumed on another connection.",
+            C,
             |s| s.resumes.get(),
         ),
         (
             "guest_log_dropped_total",
             "Guest log lines over the rate limit, dropped.",
+            C,
             |s| s.log_dropped.get(),
         ),
         (
             "connections_opened_total",
             "Connections to Sent opened.",
+            C,
             |s| s.connections_opened.get(),
         ),
+        ("sessions_live", "Calls being served now.", "gauge", |s| {
+            s.live_count() as u64
+        }),
+        (
+            "connections_open",
+            "Connections to Sent open now.",
+            "gauge",
+            |s| s.connections_open.get().max(0) as u64,
+        ),
     ];
-    for (name, help, value) in counters {
-        header(&mut out, name, help, "counter");
+    for (name, help, kind, value) in series {
+        header(&mut out, name, help, kind);
         for (tenant, agent, stats) in agents {
             let _ = writeln!(
                 out,
@@ -102,34 +124,6 @@ pub fn render(
                 value(stats)
             );
         }
-    }
-    header(
-        &mut out,
-        "sessions_live",
-        "Calls being served now.",
-        "gauge",
-    );
-    for (tenant, agent, stats) in agents {
-        let _ = writeln!(
-            out,
-            "voicehost_sessions_live{{{}}} {}",
-            labels(tenant, agent),
-            stats.live_count()
-        );
-    }
-    header(
-        &mut out,
-        "connections_open",
-        "Connections to Sent open now.",
-        "gauge",
-    );
-    for (tenant, agent, stats) in agents {
-        let _ = writeln!(
-            out,
-            "voicehost_connections_open{{{}}} {}",
-            labels(tenant, agent),
-            stats.connections_open.get()
-        );
     }
     header(
         &mut out,

@@ -1,15 +1,11 @@
 //! What the multi-tenant tests share: `voicehost serve`'s server in-process, with its admin API on a loopback
 //! port, two tenants (acme and globex) whose agents connect to the Sent simulator, and a small HTTP client.
 
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use sentsim::sim::Account;
 use sentsim::{ConnHandle, Sim, SimConfig};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 use voicehost::config::{token_sha256, ServeConfig};
 use voicehost::server::Server;
 
@@ -200,7 +196,7 @@ pub fn metric(text: &str, sample: &str) -> f64 {
         .unwrap()
 }
 
-/// One HTTP/1.1 request on a fresh connection.
+/// One HTTP/1.1 request on a fresh connection (see [`crate::admin_http`]).
 pub async fn request(
     base: &str,
     method: &str,
@@ -208,29 +204,7 @@ pub async fn request(
     token: Option<&str>,
     body: Vec<u8>,
 ) -> (u16, Value) {
-    let authority = base.strip_prefix("http://").unwrap();
-    let stream = tokio::net::TcpStream::connect(authority).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    crate::admin_http::send(base, method, path, token, body)
         .await
-        .unwrap();
-    tokio::spawn(conn);
-    let mut builder = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", authority);
-    if let Some(token) = token {
-        builder = builder.header("authorization", format!("Bearer {token}"));
-    }
-    let response = tokio::time::timeout(
-        Duration::from_secs(120),
-        sender.send_request(builder.body(Full::new(Bytes::from(body))).unwrap()),
-    )
-    .await
-    .expect("the admin API answers")
-    .unwrap();
-    let status = response.status().as_u16();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    (status, value)
+        .unwrap_or_else(|error| panic!("{method} {path}: {error:#}"))
 }

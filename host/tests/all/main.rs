@@ -1,5 +1,6 @@
 //! voicehost's integration tests, in one binary (one link of wasmtime instead of one per file).
 
+mod admin_http;
 mod cache;
 mod connection;
 mod guest_faults;

@@ -1,0 +1,46 @@
+//! One HTTP/1.1 request to the admin API, for the tests and the restart bench (which includes this file by
+//! path): the raw status and body, so error answers can be checked too. No dependency on either crate.
+
+use anyhow::{anyhow, Result};
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use std::time::Duration;
+
+/// How long an answer may take (an upload of a large component compiles first).
+const PATIENCE: Duration = Duration::from_secs(180);
+
+/// A request on a fresh loopback connection: the status and the body (JSON when it is, else a string).
+pub async fn send(
+    base: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> Result<(u16, Value)> {
+    let authority = base
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow!("not an http:// address: {base}"))?;
+    let stream = tokio::net::TcpStream::connect(authority).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let mut builder = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", authority);
+    if let Some(token) = token {
+        builder = builder.header("authorization", format!("Bearer {token}"));
+    }
+    let response = tokio::time::timeout(
+        PATIENCE,
+        sender.send_request(builder.body(Full::new(Bytes::from(body)))?),
+    )
+    .await
+    .map_err(|_| anyhow!("{method} {path}: no answer"))??;
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    Ok((status, value))
+}
