@@ -30,13 +30,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
+use voicehost::agent::CallRules;
+use voicehost::agent::{self, AgentConfig};
 use voicehost::connection::Dial;
-use voicehost::link::{self, AgentConfig};
 use voicehost::sandbox::wit::{
     Call, Direction, Level, Media, Party, Refused, ToolResult, UserSaid,
 };
 use voicehost::sandbox::{AgentCode, Calls, Event, Instance, Limits, Outcome, Sandbox};
-use voicehost::session::CallRules;
 use voicehost::stats::Stats;
 
 /// Instantiations measured (each timed alone).
@@ -485,7 +485,7 @@ fn start_agent(peer: Peer, url: String, code: &AgentCode) -> Result<Running> {
                 1,
             );
             let (stop, stopped) = watch::channel(false);
-            runtime.spawn(link::serve(config, Arc::new(Stats::default()), stopped));
+            runtime.spawn(agent::serve(config, Arc::new(Stats::default()), stopped));
             Box::new(move || {
                 let _ = stop.send(true);
             })

@@ -7,10 +7,10 @@ use sentsim::{Call, Dir, Sim, SimConfig, What};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use voicehost::agent::CallRules;
+use voicehost::agent::{self, AgentConfig};
 use voicehost::connection::Dial;
-use voicehost::link::{self, AgentConfig};
 use voicehost::sandbox::Sandbox;
-use voicehost::session::CallRules;
 use voicehost::stats::Stats;
 
 const KEY: &str = "demo-key";
@@ -52,7 +52,7 @@ pub async fn run() -> Result<()> {
             CallRules::default(),
             1,
         );
-        tokio::spawn(link::serve(config, stats.clone(), stopped.clone()));
+        tokio::spawn(agent::serve(config, stats.clone(), stopped.clone()));
     }
 
     let result = calls(&sim, &stats).await;

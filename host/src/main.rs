@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use voicehost::admin;
+use voicehost::agent::{self, AgentConfig};
+use voicehost::agent::{CallRules, FailurePolicy};
 use voicehost::config::ServeConfig;
 use voicehost::connection::Dial;
-use voicehost::link::{self, AgentConfig};
 use voicehost::outbound::{HttpPolicy, Origin};
 use voicehost::sandbox::{Limits, Sandbox};
 use voicehost::server::Server;
-use voicehost::session::{CallRules, FailurePolicy};
 use voicehost::stats::Stats;
 
 mod cli;
@@ -183,7 +183,7 @@ async fn run(args: RunArgs) -> Result<()> {
         let _ = stop.send(true);
     });
     let stats = Arc::new(Stats::default());
-    let result = link::serve(config, stats.clone(), stopped).await;
+    let result = agent::serve(config, stats.clone(), stopped).await;
     tracing::info!("served:\n{stats}");
     result.context("Sent refused the agent")?;
     Ok(())

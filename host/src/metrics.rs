@@ -22,7 +22,7 @@ pub fn render(
 ) -> String {
     let mut out = String::new();
     const C: &str = "counter";
-    let series: [AgentSeries; 17] = [
+    let series: [AgentSeries; 20] = [
         (
             "sessions_started_total",
             "Calls Sent started with the agent.",
@@ -85,6 +85,24 @@ pub fn render(
             "Caller audio dropped because the agent was behind.",
             C,
             |s| s.audio_dropped.get(),
+        ),
+        (
+            "audio_out_dropped_total",
+            "The agent's audio dropped: over its backlog, after the end, or while moving.",
+            C,
+            |s| s.audio_out_dropped.get(),
+        ),
+        (
+            "frames_invalid_total",
+            "Messages from Sent dropped as invalid, or ignored as repeated.",
+            C,
+            |s| s.frames_invalid.get(),
+        ),
+        (
+            "frames_dropped_total",
+            "Frames from Sent a guest could not keep up with (its call got the failure policy).",
+            C,
+            |s| s.frames_dropped.get(),
         ),
         (
             "resumes_total",

@@ -1,8 +1,9 @@
-//! The wire: the official codec (`sentdm_voice_agents::frames`, generated from the protocol's schemas) and
-//! the binary audio header.
+//! The wire: the official codec (`sentdm_voice_agents::frames`, generated from the protocol's schemas), the
+//! binary audio header, the size limits of what Sent may send, and the intake that turns what arrives into
+//! frames the host acts on (or refuses, with a reason that quotes nothing from the frame).
 
 pub use sentdm_voice_agents::frames::{
-    self, Frame, CONNECT_PATH, RETAINED_FRAMES, SUBPROTOCOL, UNCOUNTED,
+    self, Frame, CONNECT_PATH, FROM_SENT, RETAINED_FRAMES, SUBPROTOCOL, UNCOUNTED,
 };
 
 /// Whether a session frame of this type counts towards `received` (Counting frames in the protocol).
@@ -13,7 +14,160 @@ pub fn counted(frame_type: &str) -> bool {
 /// The size of the stream number in front of the samples of a binary audio message.
 pub const AUDIO_HEADER: usize = 2;
 
+/// The largest WebSocket message (and frame) the host reads. The largest valid text frame is a `user.said`
+/// of 4096 characters, each escaped to six bytes (about 25 KiB); 200 ms of 24 kHz audio is 9.6 KB. A
+/// quarter of a MiB leaves room for fields Sent may add and bounds what one message can cost.
+pub const MAX_MESSAGE_BYTES: usize = 256 << 10;
+
+/// The longest id (`session_id`, `call_id`, `agent_id`) the host accepts from Sent. The protocol gives no
+/// length; Sent's ids are a prefix and a UUID.
+pub const MAX_ID_CHARS: usize = 128;
+
+/// The most audio one binary message to Sent may carry (the protocol: at most 200 ms per message).
+pub const MAX_AUDIO_MS_PER_MESSAGE: u32 = 200;
+
 /// The stream number of a binary audio message, or `None` when it is too short to have one.
 pub fn stream_of(message: &[u8]) -> Option<u16> {
     (message.len() >= AUDIO_HEADER).then(|| u16::from_be_bytes([message[0], message[1]]))
+}
+
+/// Why something Sent sent was dropped. The message never quotes the frame (it may hold a resume token).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("not a valid frame: {0}")]
+    Schema(String),
+    #[error("a {0} frame only goes from the agent to Sent")]
+    WrongDirection(&'static str),
+    #[error("its {field} is longer than {MAX_ID_CHARS} characters")]
+    IdTooLong { field: &'static str },
+    #[error("a binary message of {0} bytes is too short for a stream number")]
+    ShortAudio(usize),
+}
+
+/// What Sent sent, once read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FromSent {
+    /// `ping`: answered with a pong carrying the same `ts`.
+    Ping(i64),
+    /// Any other frame (a session frame of an unknown type included).
+    Frame(Box<Frame>),
+}
+
+/// Reads one text message from Sent (rule `intake_checks_direction_and_ids`, scenario
+/// `wrong_direction_frames_not_counted`): it must decode with the official codec, be a frame Sent sends (or
+/// of an unknown type), and carry ids of sane length.
+pub fn read_text(text: &str) -> Result<FromSent, Invalid> {
+    let frame = frames::decode(text).map_err(|e| Invalid::Schema(loggable(&e.message)))?;
+    let frame_type = frame.frame_type().to_string();
+    if let Some(agent_only) = frames::FROM_AGENT.iter().find(|t| **t == frame_type) {
+        return Err(Invalid::WrongDirection(agent_only));
+    }
+    check_ids(&frame)?;
+    Ok(match frame {
+        Frame::Ping(ping) => FromSent::Ping(ping.ts),
+        frame => FromSent::Frame(Box::new(frame)),
+    })
+}
+
+/// Reads one binary message from Sent: its stream number and samples (a trailing odd byte is not a sample).
+pub fn read_binary(data: &[u8]) -> Result<(u16, &[u8]), Invalid> {
+    let stream = stream_of(data).ok_or(Invalid::ShortAudio(data.len()))?;
+    let samples = &data[AUDIO_HEADER..];
+    Ok((stream, &samples[..samples.len() & !1]))
+}
+
+fn check_ids(frame: &Frame) -> Result<(), Invalid> {
+    let long = |id: &str| id.chars().count() > MAX_ID_CHARS;
+    if frame.session_id().is_some_and(long) {
+        return Err(Invalid::IdTooLong {
+            field: "session_id",
+        });
+    }
+    match frame {
+        Frame::SessionStart(start) if long(&start.call_id) => {
+            Err(Invalid::IdTooLong { field: "call_id" })
+        }
+        Frame::SessionStart(start) if long(&start.agent_id) => {
+            Err(Invalid::IdTooLong { field: "agent_id" })
+        }
+        Frame::ErrorFrame(error) if error.session_id.as_deref().is_some_and(long) => {
+            Err(Invalid::IdTooLong {
+                field: "session_id",
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A message for the log without anything quoted in it (a value from the frame), and not too long.
+pub fn loggable(message: &str) -> String {
+    let mut out = String::new();
+    let mut quoted = false;
+    for c in message.chars() {
+        if c == '"' {
+            if !quoted {
+                out.push_str("\"…\"");
+            }
+            quoted = !quoted;
+        } else if !quoted {
+            out.push(c);
+        }
+        if out.len() > 200 {
+            out.push('…');
+            break;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_only_the_agent_sends_is_refused() {
+        let say = r#"{"type":"agent.say","session_id":"vs_1","text":"hi"}"#;
+        assert_eq!(read_text(say), Err(Invalid::WrongDirection("agent.say")));
+        let pong = r#"{"type":"pong","ts":1}"#;
+        assert_eq!(read_text(pong), Err(Invalid::WrongDirection("pong")));
+    }
+
+    #[test]
+    fn a_ping_is_read_apart_from_the_other_frames() {
+        assert_eq!(
+            read_text(r#"{"type":"ping","ts":42}"#),
+            Ok(FromSent::Ping(42))
+        );
+    }
+
+    #[test]
+    fn an_overlong_session_id_is_refused_even_on_an_unknown_frame() {
+        let id = format!("vs_{}", "a".repeat(MAX_ID_CHARS));
+        let said = format!(r#"{{"type":"user.said","session_id":"{id}","text":"hi"}}"#);
+        assert!(matches!(read_text(&said), Err(Invalid::IdTooLong { .. })));
+        let unknown = format!(r#"{{"type":"session.note","session_id":"{id}"}}"#);
+        assert!(matches!(
+            read_text(&unknown),
+            Err(Invalid::IdTooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn a_schema_error_quotes_nothing_of_the_frame() {
+        let text =
+            r#"{"type":"session.resume","session_id":"vs_1","token":"vsr_secret","received":1}"#;
+        // A frame of the agent's: refused by direction, before anything else.
+        assert!(read_text(text).is_err());
+        let bad = r#"{"type":"user.said","session_id":"vs_1","text":"","x":"vsr_secret_token_value_here"}"#;
+        let Err(Invalid::Schema(message)) = read_text(bad) else {
+            panic!("expected a schema error");
+        };
+        assert!(!message.contains("vsr_"), "{message}");
+    }
+
+    #[test]
+    fn audio_is_split_into_its_stream_and_whole_samples() {
+        assert_eq!(read_binary(&[0, 7, 1, 2, 3]), Ok((7, &[1u8, 2][..])));
+        assert_eq!(read_binary(&[1]), Err(Invalid::ShortAudio(1)));
+    }
 }

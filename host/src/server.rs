@@ -4,14 +4,14 @@
 //! lock; serving calls never takes it.
 
 use crate::admission::{Admission, Gate};
+use crate::agent::{AgentConfig, CallRules, Deployment, FailurePolicy};
 use crate::config::{ServeConfig, Tenant, TokenHash};
 use crate::connection::Dial;
-use crate::link::{self, AgentConfig, Deployment};
 use crate::registry::{
     AgentRecord, Digest, DiskStore, PolicyRecord, Registry, RegistryError, VersionRecord,
 };
 use crate::sandbox::{LoadError, Sandbox};
-use crate::session::{CallRules, FailurePolicy};
+
 use crate::stats::{Counter, LiveSession, Stats};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -599,7 +599,7 @@ impl Server {
         let task = tokio::spawn({
             let (stats, refused) = (stats.clone(), refused.clone());
             async move {
-                if let Err(error) = link::serve(config, stats, stopped).await {
+                if let Err(error) = crate::agent::serve(config, stats, stopped).await {
                     tracing::error!(tenant = tenant_id, agent = agent_id, %error, "Sent refused the agent: it is not served until it is activated again");
                     *refused.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
                 }

@@ -104,7 +104,16 @@ pub struct Stats {
     pub frames_out: Counter,
     pub audio_in: Counter,
     pub audio_out: Counter,
+    /// Caller audio dropped: the guest was behind, or the call ended with audio still queued for it.
     pub audio_dropped: Counter,
+    /// The agent's audio dropped: past what may wait for the socket, cut past the end, sent without a
+    /// stream (while moving, after the end).
+    pub audio_out_dropped: Counter,
+    /// Messages from Sent dropped by the intake (not valid, not Sent's to send, over a size limit) or
+    /// ignored by the router (a second `session.start` for a session, a stream already taken).
+    pub frames_invalid: Counter,
+    /// Sent's frames not delivered to a guest that could not keep up (the call got its failure policy).
+    pub frames_dropped: Counter,
     pub resumes: Counter,
     pub handler_errors: Counter,
     /// Guest log lines over the call's rate limit.

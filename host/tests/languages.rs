@@ -9,7 +9,7 @@ mod harness;
 
 use harness::Host;
 use sentsim::suite::{self, Ctx, Profile};
-use voicehost::session::CallRules;
+use voicehost::agent::CallRules;
 
 /// Runs the whole suite against `target/guests/<lang>/<file>` and fails with the table if any scenario fails.
 async fn suite_passes(lang: &str, file: &str) {

@@ -6,20 +6,26 @@ use sentdm_voice_agents::frames::{encode_to_string, AgentSay, Frame};
 use sentsim::sim::{CONFORMANCE_AGENT, CONFORMANCE_KEY};
 use sentsim::{ConnHandle, ConnPlan, Sim, SimConfig, What};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc::{self, UnboundedReceiver};
+use tokio::sync::mpsc::{self, Receiver};
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Bytes, Message};
 use tokio_tungstenite::WebSocketStream;
-use voicehost::connection::{ConnectError, Connection, Dial, Incoming, Outgoing};
+use voicehost::call::CallKey;
+use voicehost::connection::{self, ConnectError, Dial, Event, Outbox};
+use voicehost::stats::Stats;
 
-type Events = UnboundedReceiver<(u64, Incoming)>;
+type Events = Receiver<(u64, Event)>;
 
 const WAIT: Duration = Duration::from_secs(3);
+
+/// The tag the tests write under: a call of their own.
+const KEY: CallKey = CallKey(1);
 
 fn config(heartbeat_interval_ms: u64) -> SimConfig {
     SimConfig {
@@ -32,21 +38,42 @@ fn dial(sim: &Sim) -> Dial {
     Dial::new(sim.url(), CONFORMANCE_AGENT, CONFORMANCE_KEY)
 }
 
-/// Opens connection `id` to the simulator and returns it, its events and the simulator's handle on it.
-async fn open(sim: &Sim, id: u64) -> (Connection, Events, ConnHandle) {
-    let (tx, mut raw) = mpsc::unbounded_channel();
-    let conn = Connection::open(id, &dial(sim), tx)
-        .await
-        .expect("the connection opens");
-    // Plays the consumer's part for pings, as the link does: each pong goes once the events before it are
-    // read. Everything else is passed on; a test that drops its events ends this task too.
-    let (forward, rx) = mpsc::unbounded_channel();
+/// Starts connection `id`'s task on `dial`, and returns its raw events.
+fn start(id: u64, dial: &Dial) -> Events {
+    let (tx, rx) = mpsc::channel(connection::EVENTS_BOUND);
+    tokio::spawn(connection::run(
+        id,
+        dial.clone(),
+        Duration::ZERO,
+        tx,
+        Arc::new(Stats::default()),
+    ));
+    rx
+}
+
+/// Waits for the connection to open: Sent's `connection.ready` and its outbox.
+async fn opened(
+    events: &mut Events,
+) -> (sentdm_voice_agents::frames::ConnectionReady, Arc<Outbox>) {
+    match next_event(events).await.1 {
+        Event::Opened { ready, outbox } => (ready, outbox),
+        other => panic!("expected the connection to open, got {other:?}"),
+    }
+}
+
+/// Opens connection `id` to the simulator and returns its outbox, its events and the simulator's handle on
+/// it. Pings are answered as the agent's router does: each pong once the events before it are read.
+async fn open(sim: &Sim, id: u64) -> (Arc<Outbox>, Events, ConnHandle) {
+    let mut raw = start(id, &dial(sim));
+    let (_, outbox) = opened(&mut raw).await;
+    let (forward, rx) = mpsc::channel(connection::EVENTS_BOUND);
+    let pongs = outbox.clone();
     tokio::spawn(async move {
         while let Some((id, event)) = raw.recv().await {
             match event {
-                Incoming::Ping(pong) => pong.send(),
+                Event::Ping(ts) => pongs.pong(connection::pong_text(ts)),
                 event => {
-                    if forward.send((id, event)).is_err() {
+                    if forward.send((id, event)).await.is_err() {
                         return;
                     }
                 }
@@ -59,18 +86,17 @@ async fn open(sim: &Sim, id: u64) -> (Connection, Events, ConnHandle) {
         .last()
         .map(|r| r.conn)
         .expect("the simulator saw the connection open");
-    (conn, rx, sim.conn(opened))
+    (outbox, rx, sim.conn(opened))
 }
 
 async fn open_err(dial: &Dial) -> ConnectError {
-    let (tx, _rx) = mpsc::unbounded_channel();
-    match Connection::open(1, dial, tx).await {
-        Ok(conn) => panic!("expected an error, got connection {}", conn.id),
+    match connection::open(dial).await {
+        Ok((_, ready, _)) => panic!("expected an error, got a connection ready with {ready:?}"),
         Err(error) => error,
     }
 }
 
-async fn next_event(events: &mut Events) -> (u64, Incoming) {
+async fn next_event(events: &mut Events) -> (u64, Event) {
     tokio::time::timeout(WAIT, events.recv())
         .await
         .expect("an event in time")
@@ -83,7 +109,7 @@ async fn expect_closed(events: &mut Events, within: Duration) -> String {
         .await
         .expect("Closed in time")
         .expect("the events channel is open");
-    let Incoming::Closed { why } = event else {
+    let Event::Closed { why } = event else {
         panic!("expected Closed, got {event:?}");
     };
     let after = tokio::time::timeout(WAIT, events.recv())
@@ -93,9 +119,9 @@ async fn expect_closed(events: &mut Events, within: Duration) -> String {
     why
 }
 
-fn frame_of(event: Incoming) -> Frame {
+fn frame_of(event: Event) -> Frame {
     match event {
-        Incoming::Frame(frame) => *frame,
+        Event::Frame(frame) => *frame,
         other => panic!("expected a frame, got {other:?}"),
     }
 }
@@ -332,10 +358,11 @@ async fn a_url_that_already_has_a_query_still_connects_as_the_agent() {
         CONFORMANCE_AGENT,
         CONFORMANCE_KEY,
     );
-    let (tx, _rx) = mpsc::unbounded_channel();
-    let conn = Connection::open(1, &dial, tx).await.expect("ready");
-    assert_eq!(conn.ready.protocol_version, "0.2.0");
-    conn.close();
+    let mut events = start(1, &dial);
+    let (ready, outbox) = opened(&mut events).await;
+    assert_eq!(ready.protocol_version, "0.2.0");
+    outbox.close();
+    expect_closed(&mut events, WAIT).await;
     sim.shutdown();
 }
 
@@ -350,13 +377,16 @@ async fn a_connection_becomes_ready_with_the_configured_heartbeat_and_max_sessio
     })
     .await
     .unwrap();
-    let (conn, mut events, _) = open(&sim, 42).await;
-    assert_eq!(conn.id, 42);
-    assert_eq!(conn.ready.protocol_version, "0.2.0");
-    assert_eq!(conn.ready.heartbeat_interval_ms, 1500);
-    assert_eq!(conn.ready.max_sessions, 7);
-    assert_eq!(conn.silence_limit(), Duration::from_millis(4500));
-    assert!(!conn.is_closed());
+    let mut events = start(42, &dial(&sim));
+    let (id, event) = next_event(&mut events).await;
+    assert_eq!(id, 42);
+    let Event::Opened { ready, outbox } = event else {
+        panic!("expected the connection to open, got {event:?}");
+    };
+    assert_eq!(ready.protocol_version, "0.2.0");
+    assert_eq!(ready.heartbeat_interval_ms, 1500);
+    assert_eq!(ready.max_sessions, 7);
+    assert!(!outbox.is_closed());
     assert_no_event(&mut events);
     sim.shutdown();
 }
@@ -400,20 +430,18 @@ async fn session_frames_are_forwarded_as_incoming_frames_tagged_with_the_connect
 }
 
 #[tokio::test]
-async fn text_sent_on_the_connection_or_a_sender_reaches_sent_in_order() {
+async fn text_queued_on_the_outbox_reaches_sent_in_order() {
     let sim = Sim::start_local(config(15_000)).await.unwrap();
-    let (conn, mut events, handle) = open(&sim, 1).await;
+    let (outbox, mut events, handle) = open(&sim, 1).await;
     let mut call = handle.start_text();
     next_event(&mut events).await;
-    assert!(conn.send(Outgoing::Text(say(&call.id, "first", true))));
-    let sender = conn.sender();
-    assert_eq!(sender.conn_id(), 1);
-    assert!(sender.text(say(&call.id, "second", true)));
+    outbox.frame(KEY, say(&call.id, "first", true));
+    outbox.frame(KEY, say(&call.id, "second", true));
     call.expect_say("first").await.unwrap();
     call.expect_say("second").await.unwrap();
     // Many queued at once go out as batches, every one of them, in order.
     for n in 0..200 {
-        assert!(sender.text(say(&call.id, &format!("burst {n}"), n == 199)));
+        outbox.frame(KEY, say(&call.id, &format!("burst {n}"), n == 199));
     }
     for n in 0..200 {
         call.expect_say_with(&format!("burst {n}"), n == 199)
@@ -431,7 +459,7 @@ async fn text_sent_on_the_connection_or_a_sender_reaches_sent_in_order() {
 #[tokio::test]
 async fn audio_is_forwarded_with_its_stream_number_and_sent_back_as_is() {
     let sim = Sim::start_local(config(15_000)).await.unwrap();
-    let (conn, mut events, handle) = open(&sim, 1).await;
+    let (outbox, mut events, handle) = open(&sim, 1).await;
     let mut call = handle.start_audio(8000);
     let stream = match frame_of(next_event(&mut events).await.1) {
         Frame::SessionStart(start) => start.audio.expect("an audio session").stream,
@@ -439,16 +467,15 @@ async fn audio_is_forwarded_with_its_stream_number_and_sent_back_as_is() {
     };
     let samples: Vec<u8> = (0..320).map(|n| n as u8).collect();
     call.send_audio(&samples);
-    let message = match next_event(&mut events).await.1 {
-        Incoming::Audio(message) => message,
+    let (got_stream, got) = match next_event(&mut events).await.1 {
+        Event::Audio { stream, samples } => (stream, samples),
         other => panic!("expected audio, got {other:?}"),
     };
-    assert_eq!(
-        voicehost::protocol::stream_of(&message),
-        Some(stream as u16)
-    );
-    assert_eq!(&message[2..], &samples[..]);
-    assert!(conn.sender().audio(message));
+    assert_eq!(got_stream, stream as u16);
+    assert_eq!(&got[..], &samples[..]);
+    let mut message = (stream as u16).to_be_bytes().to_vec();
+    message.extend_from_slice(&got);
+    outbox.audio(KEY, Bytes::from(message), 1 << 20);
     call.expect_audio(&samples).await.unwrap();
     sim.shutdown();
 }
@@ -506,18 +533,20 @@ async fn binary_messages_too_short_for_a_stream_number_are_dropped() {
             .await;
     })
     .await;
-    let (tx, mut events) = mpsc::unbounded_channel();
-    let _conn = Connection::open(3, &Dial::new(url, "a", "k"), tx)
-        .await
-        .expect("ready");
-    for size in [2, 3] {
+    let mut events = start(3, &Dial::new(url, "a", "k"));
+    let (_, outbox) = opened(&mut events).await;
+    // Two bytes are a stream number and no sample; a third, odd byte is not a sample either.
+    for _ in [2, 3] {
         match next_event(&mut events).await {
-            (3, Incoming::Audio(message)) => assert_eq!(message.len(), size),
-            other => panic!("expected {size} bytes of audio, got {other:?}"),
+            (3, Event::Audio { stream, samples }) => {
+                assert_eq!(stream, 0x0909);
+                assert!(samples.is_empty());
+            }
+            other => panic!("expected an empty audio message, got {other:?}"),
         }
     }
     match next_event(&mut events).await {
-        (3, Incoming::Ping(pong)) => pong.send(),
+        (3, Event::Ping(ts)) => outbox.pong(connection::pong_text(ts)),
         other => panic!("expected the ping, got {other:?}"),
     }
     let why = expect_closed(&mut events, WAIT).await;
@@ -536,16 +565,14 @@ async fn pings_before_connection_ready_are_answered_and_early_frames_kept() {
         while let Some(Ok(_)) = socket.next().await {}
     })
     .await;
-    let (tx, mut events) = mpsc::unbounded_channel();
-    let conn = Connection::open(1, &Dial::new(url, "a", "k"), tx)
-        .await
-        .expect("ready");
-    assert_eq!(conn.ready.max_sessions, 3);
+    let mut events = start(1, &Dial::new(url, "a", "k"));
+    let (ready, outbox) = opened(&mut events).await;
+    assert_eq!(ready.max_sessions, 3);
     assert!(matches!(
         frame_of(next_event(&mut events).await.1),
         Frame::ConnectionDraining(_)
     ));
-    conn.close();
+    outbox.close();
     expect_closed(&mut events, WAIT).await;
     server.await.unwrap();
 }
@@ -555,7 +582,7 @@ async fn pings_before_connection_ready_are_answered_and_early_frames_kept() {
 #[tokio::test]
 async fn a_muted_sent_makes_the_connection_close_after_three_heartbeat_intervals() {
     let sim = Sim::start_local(config(1000)).await.unwrap();
-    let (conn, mut events, handle) = open(&sim, 1).await;
+    let (outbox, mut events, handle) = open(&sim, 1).await;
     handle.mute();
     let started = Instant::now();
     let why = expect_closed(&mut events, Duration::from_secs(6)).await;
@@ -567,17 +594,17 @@ async fn a_muted_sent_makes_the_connection_close_after_three_heartbeat_intervals
     );
     let how = handle.closed(WAIT).await.unwrap();
     assert!(how.contains("1001"), "{how}");
-    assert!(!conn.send(Outgoing::Text("{}".into())));
+    assert!(outbox.is_closed());
     sim.shutdown();
 }
 
 #[tokio::test]
 async fn pings_keep_a_connection_alive_past_three_heartbeat_intervals() {
     let sim = Sim::start_local(config(1000)).await.unwrap();
-    let (conn, mut events, handle) = open(&sim, 1).await;
+    let (outbox, mut events, handle) = open(&sim, 1).await;
     tokio::time::sleep(Duration::from_millis(3500)).await;
     assert_no_event(&mut events);
-    assert!(!conn.is_closed());
+    assert!(!outbox.is_closed());
     handle.fence().await.expect("still open");
     sim.shutdown();
 }
@@ -585,12 +612,11 @@ async fn pings_keep_a_connection_alive_past_three_heartbeat_intervals() {
 #[tokio::test]
 async fn an_abrupt_drop_by_sent_emits_closed_once() {
     let sim = Sim::start_local(config(15_000)).await.unwrap();
-    let (conn, mut events, handle) = open(&sim, 1).await;
+    let (outbox, mut events, handle) = open(&sim, 1).await;
     handle.drop_abruptly();
     let why = expect_closed(&mut events, WAIT).await;
     assert!(why.contains("lost"), "{why}");
-    assert!(!conn.send(Outgoing::Text("{}".into())));
-    assert!(conn.is_closed());
+    assert!(outbox.is_closed());
     sim.shutdown();
 }
 
@@ -605,51 +631,35 @@ async fn a_close_by_sent_emits_closed_with_its_code() {
 }
 
 #[tokio::test]
-async fn close_sends_what_is_queued_then_a_close_frame_with_code_1000() {
+async fn close_sends_the_pongs_before_it_then_a_close_frame_with_code_1000() {
     let sim = Sim::start_local(config(15_000)).await.unwrap();
-    let (conn, mut events, handle) = open(&sim, 1).await;
-    let mut call = handle.start_text();
+    let (outbox, mut events, handle) = open(&sim, 1).await;
+    let call = handle.start_text();
     next_event(&mut events).await;
-    conn.send(Outgoing::Text(say(&call.id, "goodbye", true)));
-    conn.close();
-    call.expect_say("goodbye").await.unwrap();
+    // What is queued for the calls is not written: a close with 1000 sends them to their fallback.
+    outbox.frame(KEY, say(&call.id, "never", true));
+    outbox.pong(connection::pong_text(7));
+    outbox.close();
     let how = handle.closed(WAIT).await.unwrap();
     assert!(how.contains("1000"), "{how}");
     let why = expect_closed(&mut events, WAIT).await;
     assert!(why.contains("1000"), "{why}");
-    assert!(!conn.send(Outgoing::Text("{}".into())));
-    sim.shutdown();
-}
-
-#[tokio::test]
-async fn dropping_every_handle_closes_with_1001_so_sessions_stay_resumable() {
-    let sim = Sim::start_local(config(15_000)).await.unwrap();
-    let (conn, mut events, handle) = open(&sim, 1).await;
-    let sender = conn.sender();
-    drop(conn);
-    handle.fence().await.expect("a sender still holds it open");
-    drop(sender);
-    let how = handle.closed(WAIT).await.unwrap();
-    assert!(how.contains("1001"), "{how}");
-    let why = expect_closed(&mut events, WAIT).await;
-    assert!(why.contains("1001"), "{why}");
+    assert!(outbox.is_closed());
     sim.shutdown();
 }
 
 #[tokio::test]
 async fn a_connection_whose_events_nobody_reads_closes_with_1001() {
     let sim = Sim::start_local(config(15_000)).await.unwrap();
-    let (tx, events) = mpsc::unbounded_channel();
-    let conn = Connection::open(1, &dial(&sim), tx)
-        .await
-        .expect("the connection opens");
+    let mut events = start(1, &dial(&sim));
+    let (_, outbox) = opened(&mut events).await;
     let handle = sim.conn(1);
     drop(events);
     let _call = handle.start_text();
     let how = handle.closed(WAIT).await.unwrap();
     assert!(how.contains("1001"), "{how}");
     tokio::time::timeout(WAIT, async {
-        while !conn.is_closed() {
+        while !outbox.is_closed() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })

@@ -6,8 +6,8 @@
 use crate::harness::Host;
 use sentsim::Call;
 use std::time::{Duration, Instant};
+use voicehost::agent::{CallRules, FailurePolicy};
 use voicehost::sandbox::Limits;
-use voicehost::session::{CallRules, FailurePolicy};
 
 /// 20 ms of 16-bit mono audio at 16000 Hz.
 const FRAME_BYTES: usize = 640;

@@ -6,10 +6,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use voicehost::agent::CallRules;
+use voicehost::agent::{self, AgentConfig};
 use voicehost::connection::{ConnectError, Dial};
-use voicehost::link::{self, AgentConfig};
 use voicehost::sandbox::Sandbox;
-use voicehost::session::CallRules;
 use voicehost::stats::Stats;
 
 /// One engine for every test in this file: each one reserves a pool of instance slots, so a test does not
@@ -74,7 +74,7 @@ impl Host {
         );
         let (stop, stopped) = watch::channel(false);
         let stats = Arc::new(Stats::default());
-        let task = tokio::spawn(link::serve(config, stats.clone(), stopped));
+        let task = tokio::spawn(agent::serve(config, stats.clone(), stopped));
         Host {
             sim,
             stats,

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
+use voicehost::agent::CallRules;
 use voicehost::outbound::{HttpPolicy, Origin};
 use voicehost::sandbox::Limits;
-use voicehost::session::CallRules;
 
 /// A large answer: 64 KiB of JSON, over the 1 KiB cap of the tests that use it.
 const BIG: usize = 64 << 10;

@@ -1,0 +1,295 @@
+//! One agent as the host serves it: its connections to Sent and its calls. The rules are in [`router`]
+//! (connections, routing) and [`crate::call`] (each call); this module is the I/O around them. One lock
+//! holds the router; the router task feeds it the connections' events (one bounded FIFO, `opened` before
+//! any frame) and the clock, each call's task feeds it its guest's requests, and whoever fed it carries
+//! out what it asks while still holding the lock (queueing on a connection never waits), so that what the
+//! router decided reaches the sockets in the order it decided it.
+
+mod backoff;
+pub mod router;
+mod session;
+
+pub use crate::call::FailurePolicy;
+pub use session::CallRules;
+
+use crate::admission::Admission;
+use crate::call::{CallKey, ConnId, Output, Refused, ToolAnswer};
+use crate::connection::{self, ConnectError, Dial, Event, Outbox, EVENTS_BOUND};
+use crate::sandbox::AgentCode;
+use crate::stats::Stats;
+use router::{Router, RouterConfig};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::task::JoinHandle;
+
+/// One version of an agent, ready to serve calls.
+pub struct Deployment {
+    /// The version number in the registry (0 when the agent was not uploaded, as with `voicehost run`).
+    pub version: u32,
+    pub code: AgentCode,
+    pub rules: CallRules,
+}
+
+/// One agent as the host serves it.
+#[derive(Clone)]
+pub struct AgentConfig {
+    pub dial: Dial,
+    /// What new calls get. Activating a version replaces it; a live call keeps the one it started with.
+    pub deployment: watch::Receiver<Arc<Deployment>>,
+    /// How many connections to hold at once (more when draining or after `connection_full`).
+    pub connections: usize,
+    /// The caps on concurrent calls this agent's calls fall under.
+    pub admission: Admission,
+}
+
+impl AgentConfig {
+    /// An agent with one version that never changes, and no cap on its calls.
+    pub fn fixed(dial: Dial, code: AgentCode, rules: CallRules, connections: usize) -> AgentConfig {
+        let (_, deployment) = watch::channel(Arc::new(Deployment {
+            version: 0,
+            code,
+            rules,
+        }));
+        AgentConfig {
+            dial,
+            deployment,
+            connections,
+            admission: Admission::default(),
+        }
+    }
+}
+
+/// What a guest's tool call waits on.
+type Waiter = oneshot::Sender<Result<ToolAnswer, Refused>>;
+
+/// The router and what carries out its outputs, under one lock.
+struct Shared {
+    router: Router,
+    outboxes: HashMap<ConnId, Arc<Outbox>>,
+    waiters: HashMap<(CallKey, String), Waiter>,
+    wakers: HashMap<CallKey, Arc<Notify>>,
+    /// Connections being dialled: aborted when the agent stops, so a stopped agent never connects again.
+    dials: HashMap<ConnId, JoinHandle<()>>,
+}
+
+/// One served agent.
+struct Agent {
+    shared: Mutex<Shared>,
+    /// A guest's request set a new deadline: the router task looks again.
+    timers: Notify,
+    dial: Dial,
+    events: connection::Events,
+    deployment: watch::Receiver<Arc<Deployment>>,
+    admission: Admission,
+    stats: Arc<Stats>,
+}
+
+/// Serves the agent's calls until `stop` turns true. Fails only when Sent refuses the connection for a
+/// reason that needs a person (400, 401, 403, 404).
+pub async fn serve(
+    config: AgentConfig,
+    stats: Arc<Stats>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), ConnectError> {
+    let (events, mut incoming) = mpsc::channel(EVENTS_BOUND);
+    let rules = config.deployment.borrow().rules.clone();
+    let router = Router::new(
+        RouterConfig {
+            connections: config.connections,
+            limits: rules.call.clone(),
+            policy: rules.policy.clone(),
+        },
+        stats.clone(),
+        fastrand::u64(..),
+        Instant::now(),
+    );
+    let agent = Arc::new(Agent {
+        shared: Mutex::new(Shared {
+            router,
+            outboxes: HashMap::new(),
+            waiters: HashMap::new(),
+            wakers: HashMap::new(),
+            dials: HashMap::new(),
+        }),
+        timers: Notify::new(),
+        dial: config.dial,
+        events,
+        deployment: config.deployment.clone(),
+        admission: config.admission,
+        stats,
+    });
+    let mut deployments = config.deployment;
+    agent.with(|shared| shared.router.start());
+    let result = loop {
+        let deadline = agent.lock().router.deadline();
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    break Ok(());
+                }
+            }
+            Some((conn, event)) = incoming.recv() => {
+                let mut fatal = agent.with(|shared| agent.handle(shared, conn, event));
+                // Whatever else is waiting, under the same lock.
+                for _ in 0..64 {
+                    let Ok((conn, event)) = incoming.try_recv() else { break };
+                    fatal = fatal.or(agent.with(|shared| agent.handle(shared, conn, event)));
+                }
+                if let Some(error) = fatal {
+                    tracing::error!(%error, "Sent refused the agent: stopping");
+                    break Err(error);
+                }
+            }
+            () = agent.timers.notified() => {}
+            () = sleep => agent.with(|shared| shared.router.timeout(Instant::now())),
+            Ok(()) = deployments.changed() => {
+                let rules = deployments.borrow().rules.clone();
+                agent.with(|shared| shared.router.set_rules(rules.call, rules.policy));
+            }
+        }
+    };
+    agent.with(|shared| {
+        shared.router.stop();
+        for (_, dial) in shared.dials.drain() {
+            dial.abort();
+        }
+    });
+    result
+}
+
+impl Agent {
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the router, then carries out what it asked, before the lock is let go.
+    fn with<R>(self: &Arc<Agent>, f: impl FnOnce(&mut Shared) -> R) -> R {
+        let mut shared = self.lock();
+        let result = f(&mut shared);
+        self.dispatch(&mut shared);
+        result
+    }
+
+    /// One event of a connection's. Returns the error when Sent refused the agent for good.
+    fn handle(&self, shared: &mut Shared, conn: ConnId, event: Event) -> Option<ConnectError> {
+        let now = Instant::now();
+        match event {
+            Event::Opened { ready, outbox } => {
+                shared.dials.remove(&conn);
+                shared.outboxes.insert(conn, outbox);
+                shared.router.opened(conn, &ready, now);
+            }
+            Event::DialFailed(error) => {
+                shared.dials.remove(&conn);
+                if error.is_fatal() {
+                    return Some(error);
+                }
+                shared.router.dial_failed(conn, now);
+            }
+            Event::Frame(frame) => shared.router.frame(conn, *frame, now),
+            Event::Ping(ts) => shared.router.ping(conn, ts),
+            Event::Audio { stream, samples } => shared.router.audio(conn, stream, samples),
+            Event::Closed { why } => {
+                tracing::info!(conn, why, "connection closed");
+                shared.outboxes.remove(&conn);
+                shared.router.closed(conn, now);
+            }
+        }
+        None
+    }
+
+    /// Carries out what the router asked, in order.
+    fn dispatch(self: &Arc<Agent>, shared: &mut Shared) {
+        while let Some(output) = shared.router.poll_output() {
+            match output {
+                Output::Frame { conn, key, text } => {
+                    if let Some(outbox) = shared.outboxes.get(&conn) {
+                        outbox.frame(key, text);
+                    }
+                }
+                Output::Audio {
+                    conn,
+                    key,
+                    message,
+                    backlog,
+                } => {
+                    if let Some(outbox) = shared.outboxes.get(&conn) {
+                        for _ in 0..outbox.audio(key, message, backlog) {
+                            self.stats.audio_out_dropped.inc();
+                        }
+                    }
+                }
+                Output::Retract { conn, key } => {
+                    if let Some(outbox) = shared.outboxes.get(&conn) {
+                        outbox.retract(key);
+                    }
+                }
+                Output::Pong { conn, text } => {
+                    if let Some(outbox) = shared.outboxes.get(&conn) {
+                        outbox.pong(text);
+                    }
+                }
+                Output::Close { conn } => {
+                    if let Some(outbox) = shared.outboxes.get(&conn) {
+                        outbox.close();
+                    }
+                }
+                Output::Answer {
+                    key,
+                    call_ref,
+                    answer,
+                } => {
+                    if let Some(waiter) = shared.waiters.remove(&(key, call_ref)) {
+                        let _ = waiter.send(answer);
+                    }
+                }
+                Output::Wake { key } => {
+                    if let Some(waker) = shared.wakers.get(&key) {
+                        waker.notify_one();
+                    }
+                }
+                Output::Dial { conn, delay } => {
+                    shared.dials.retain(|_, dial| !dial.is_finished());
+                    let task = tokio::spawn(connection::run(
+                        conn,
+                        self.dial.clone(),
+                        delay,
+                        self.events.clone(),
+                        self.stats.clone(),
+                    ));
+                    shared.dials.insert(conn, task);
+                }
+                Output::Spawn { key, start } => {
+                    let waker = Arc::new(Notify::new());
+                    shared.wakers.insert(key, waker.clone());
+                    // The version active now serves the whole call, even if another is activated meanwhile.
+                    let deployment = self.deployment.borrow().clone();
+                    let permit = self.admission.admit();
+                    tracing::info!(
+                        session = start.session_id,
+                        version = deployment.version,
+                        admitted = permit.is_some(),
+                        "serving a call"
+                    );
+                    tokio::spawn(session::run(
+                        self.clone(),
+                        key,
+                        start,
+                        waker,
+                        deployment,
+                        permit,
+                    ));
+                }
+            }
+        }
+    }
+}

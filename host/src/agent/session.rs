@@ -1,0 +1,462 @@
+//! One call's task: it feeds the call's events to its guest, one at a time, in the order Sent's frames
+//! arrived; it replaces a trapped instance with a fresh one; it asks for the failure policy when the agent
+//! cannot serve the call. The guest's imports ([`Port`]) reach the call's state machine through the
+//! agent's lock; what the protocol allows is decided there, not here.
+
+use super::{Agent, Deployment, FailurePolicy};
+use crate::admission::Permit;
+use crate::call::{CallKey, CallLimits, GuestEvent, Media, Refused, ToolAnswer};
+use crate::protocol::{frames, Frame};
+use crate::sandbox::wit::{self, Call as CallInfo, Direction, Level, Party};
+use crate::sandbox::{Calls, Event, Instance, Limits, Outcome, TrapKind};
+use crate::stats::{LiveSession, Stats};
+use sentdm_voice_agents::frames::{AgentClear, AgentSay, SessionStart};
+use serde_json::{Map, Value};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{oneshot, Notify};
+
+/// The rules one agent's calls run under.
+#[derive(Debug, Clone)]
+pub struct CallRules {
+    /// The sandbox's limits on each call's instance.
+    pub limits: Limits,
+    /// How many traps within [`CallRules::trap_window`] make the host give up on the agent for the call.
+    pub max_traps: usize,
+    pub trap_window: Duration,
+    pub policy: FailurePolicy,
+    /// The protocol's bounds on each call: tool timeout, backlogs.
+    pub call: CallLimits,
+    /// Saved state per call, keys and values together, in bytes.
+    pub state_bytes: usize,
+}
+
+impl Default for CallRules {
+    fn default() -> Self {
+        CallRules {
+            limits: Limits::default(),
+            max_traps: 3,
+            trap_window: Duration::from_secs(60),
+            policy: FailurePolicy::HangUp,
+            call: CallLimits::default(),
+            state_bytes: 64 << 10,
+        }
+    }
+}
+
+/// What one call's guest reaches through its imports.
+struct Port {
+    agent: Arc<Agent>,
+    key: CallKey,
+    info: CallInfo,
+    session_id: String,
+    saved: Mutex<HashMap<String, Vec<u8>>>,
+    state_bytes: usize,
+    stats: Arc<Stats>,
+}
+
+impl Port {
+    /// A counted frame of the guest's, checked by the codec before the call's machine sees it.
+    fn send(&self, frame: Frame) -> Result<(), wit::Refused> {
+        let text = frames::encode_to_string(&frame).map_err(|_| wit::Refused::Invalid)?;
+        self.agent
+            .with(|shared| {
+                let outboxes = &shared.outboxes;
+                shared.router.send(self.key, &frame, text, |conn, key| {
+                    outboxes.get(&conn).map_or(0, |o| o.unwritten_frames(key))
+                })
+            })
+            .map_err(refused)
+    }
+}
+
+impl Calls for Port {
+    fn info(&self) -> CallInfo {
+        self.info.clone()
+    }
+
+    fn say(
+        &self,
+        text: String,
+        last: Option<bool>,
+        interruptible: Option<bool>,
+    ) -> Result<(), wit::Refused> {
+        self.send(Frame::AgentSay(AgentSay {
+            session_id: self.session_id.clone(),
+            text,
+            interruptible,
+            last,
+        }))
+    }
+
+    fn clear(&self) -> Result<(), wit::Refused> {
+        self.send(Frame::AgentClear(AgentClear {
+            session_id: self.session_id.clone(),
+        }))
+    }
+
+    fn send_audio(&self, samples: Vec<i16>) {
+        let bytes: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
+        self.agent
+            .with(|shared| shared.router.send_audio(self.key, &bytes));
+    }
+
+    fn tool(
+        &self,
+        name: String,
+        arguments: Option<String>,
+    ) -> Pin<Box<dyn Future<Output = Result<wit::ToolResult, wit::Refused>> + Send>> {
+        let arguments = match arguments
+            .as_deref()
+            .map(serde_json::from_str::<Map<String, Value>>)
+        {
+            None => None,
+            Some(Ok(map)) => Some(map),
+            Some(Err(_)) => return Box::pin(async { Err(wit::Refused::Invalid) }),
+        };
+        let waiting = self.agent.with(|shared| {
+            let outboxes = &shared.outboxes;
+            let call_ref = shared.router.tool(
+                self.key,
+                name,
+                arguments,
+                |conn, key| outboxes.get(&conn).map_or(0, |o| o.unwritten_frames(key)),
+                Instant::now(),
+            )?;
+            let (answer, waiting) = oneshot::channel();
+            shared.waiters.insert((self.key, call_ref), answer);
+            Ok::<_, Refused>(waiting)
+        });
+        // The tool's deadline may be the router's next one.
+        self.agent.timers.notify_one();
+        Box::pin(async move {
+            match waiting {
+                Err(error) => Err(refused(error)),
+                // The call's machine answers every tool call exactly once: its result, `ended` or
+                // `timed-out`. A dropped sender only happens when the agent has stopped.
+                Ok(waiting) => match waiting.await {
+                    Ok(Ok(answer)) => Ok(tool_result(answer)),
+                    Ok(Err(error)) => Err(refused(error)),
+                    Err(_) => Err(wit::Refused::Ended),
+                },
+            }
+        })
+    }
+
+    fn save(&self, key: String, value: Vec<u8>) -> Result<(), wit::Refused> {
+        let mut saved = self.saved.lock().unwrap_or_else(|p| p.into_inner());
+        let used: usize = saved
+            .iter()
+            .filter(|(k, _)| **k != key)
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
+        if used + key.len() + value.len() > self.state_bytes {
+            return Err(wit::Refused::OverLimit);
+        }
+        saved.insert(key, value);
+        Ok(())
+    }
+
+    fn load(&self, key: &str) -> Option<Vec<u8>> {
+        self.saved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    fn log_dropped(&self) {
+        self.stats.log_dropped.inc();
+    }
+
+    fn log(&self, level: Level, message: &str) {
+        let session = self.session_id.as_str();
+        match level {
+            Level::Trace => tracing::trace!(session, guest = message),
+            Level::Debug => tracing::debug!(session, guest = message),
+            Level::Info => tracing::info!(session, guest = message),
+            Level::Warn => tracing::warn!(session, guest = message),
+            Level::Error => tracing::error!(session, guest = message),
+        }
+    }
+}
+
+fn refused(refused: Refused) -> wit::Refused {
+    match refused {
+        Refused::Ended => wit::Refused::Ended,
+        Refused::Invalid => wit::Refused::Invalid,
+        Refused::WrongMedia => wit::Refused::WrongMedia,
+        Refused::OverLimit => wit::Refused::OverLimit,
+        Refused::TimedOut => wit::Refused::TimedOut,
+    }
+}
+
+fn tool_result(answer: ToolAnswer) -> wit::ToolResult {
+    wit::ToolResult {
+        call_ref: answer.call_ref,
+        ok: answer.ok,
+        error: answer
+            .error
+            .map(|(code, message)| wit::ToolError { code, message }),
+    }
+}
+
+fn event_of(event: GuestEvent) -> Event {
+    match event {
+        GuestEvent::Start => Event::SessionStart,
+        GuestEvent::UserSaid { text, correction } => {
+            Event::UserSaid(wit::UserSaid { text, correction })
+        }
+        GuestEvent::Audio(samples) => Event::Audio(
+            samples
+                .chunks_exact(2)
+                .map(|b| i16::from_le_bytes([b[0], b[1]]))
+                .collect(),
+        ),
+        GuestEvent::ToolResult(answer) => Event::ToolResult(tool_result(answer)),
+        GuestEvent::Unknown { frame_type, json } => {
+            Event::Frame(wit::UnknownFrame { frame_type, json })
+        }
+        GuestEvent::End {
+            reason,
+            duration_ms,
+        } => Event::SessionEnd(wit::SessionEnd {
+            reason,
+            duration_ms,
+        }),
+        GuestEvent::Lost => Event::SessionLost,
+    }
+}
+
+fn info_of(start: &SessionStart, media: Media) -> CallInfo {
+    let party = |p: &frames::Party| Party {
+        kind: p.kind.clone(),
+        value: p.value.clone(),
+    };
+    CallInfo {
+        session_id: start.session_id.clone(),
+        call_id: start.call_id.clone(),
+        agent_id: start.agent_id.clone(),
+        direction: if start.direction == "outbound" {
+            Direction::Outbound
+        } else {
+            Direction::Inbound
+        },
+        from: party(&start.from),
+        to: party(&start.to),
+        media: match media {
+            Media::Text => wit::Media::Text,
+            Media::Audio { sample_rate } => wit::Media::Audio(sample_rate),
+        },
+        language: start.language.clone(),
+        context: start
+            .context
+            .as_ref()
+            .map(|c| Value::Object(c.clone()).to_string()),
+        started_at: start.started_at.clone(),
+        max_duration_ms: start.max_duration_ms.map(|ms| ms.max(0) as u64),
+    }
+}
+
+/// A call being served: listed live, holding its room under its caps, until dropped; then its machine
+/// forgets it once it is finished.
+struct Serving {
+    agent: Arc<Agent>,
+    key: CallKey,
+    session_id: String,
+    _permit: Option<Permit>,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.agent.stats.live_end(&self.session_id);
+        let key = self.key;
+        self.agent.with(|shared| {
+            shared.router.release(key);
+            shared.wakers.remove(&key);
+            shared.waiters.retain(|(k, _), _| *k != key);
+        });
+    }
+}
+
+/// Serves one call until it ends or is lost. Without a `permit` the call is over a session cap: it gets
+/// the failure policy at once, without a guest.
+pub(super) async fn run(
+    agent: Arc<Agent>,
+    key: CallKey,
+    start: Box<SessionStart>,
+    waker: Arc<Notify>,
+    deployment: Arc<Deployment>,
+    permit: Option<Permit>,
+) {
+    let media = match &start.audio {
+        Some(audio) => Media::Audio {
+            sample_rate: audio
+                .sample_rate
+                .map_or(16000, |r| r.clamp(1, 48_000) as u32),
+        },
+        None => Media::Text,
+    };
+    let info = info_of(&start, media);
+    let session_id = start.session_id.clone();
+    let stats = agent.stats.clone();
+    stats.live_start(
+        &session_id,
+        LiveSession {
+            call: info.clone(),
+            version: deployment.version,
+        },
+    );
+    let admitted = permit.is_some();
+    // Off the live list, out of its caps, and forgotten by the router however the task ends.
+    let _serving = Serving {
+        agent: agent.clone(),
+        key,
+        session_id: session_id.clone(),
+        _permit: permit,
+    };
+    let task = Task {
+        agent: agent.clone(),
+        key,
+        waker,
+        session_id: session_id.clone(),
+        rules: deployment.rules.clone(),
+    };
+    if !admitted {
+        tracing::warn!(
+            session = session_id,
+            "over the session cap: applying the failure policy"
+        );
+        stats.sessions_refused.inc();
+        task.give_up().await;
+        return;
+    }
+    let port: Arc<dyn Calls> = Arc::new(Port {
+        agent,
+        key,
+        info,
+        session_id: session_id.clone(),
+        saved: Mutex::new(HashMap::new()),
+        state_bytes: deployment.rules.state_bytes,
+        stats,
+    });
+    match Instance::new(&deployment.code, port, deployment.rules.limits.clone()).await {
+        Ok(instance) => task.serve(instance).await,
+        Err(error) => {
+            tracing::error!(session = session_id, error = %format!("{error:#}"), "the agent could not be instantiated");
+            task.give_up().await;
+        }
+    }
+}
+
+struct Task {
+    agent: Arc<Agent>,
+    key: CallKey,
+    waker: Arc<Notify>,
+    session_id: String,
+    rules: CallRules,
+}
+
+impl Task {
+    /// The call's next event; `None` once the router has forgotten the call.
+    async fn next(&self) -> Option<GuestEvent> {
+        loop {
+            let notified = self.waker.notified();
+            let (event, known) = self.agent.with(|shared| {
+                let event = shared.router.next_event(self.key);
+                (event, shared.wakers.contains_key(&self.key))
+            });
+            if event.is_some() || !known {
+                return event;
+            }
+            notified.await;
+        }
+    }
+
+    /// The agent cannot serve the call: its failure policy; then only the end is awaited.
+    async fn give_up(&self) {
+        tracing::warn!(
+            session = self.session_id,
+            "the agent cannot serve the call: applying its failure policy"
+        );
+        let key = self.key;
+        self.agent
+            .with(|shared| shared.router.give_up(key, Instant::now()));
+        self.agent.timers.notify_one();
+        while let Some(event) = self.next().await {
+            if matches!(event, GuestEvent::End { .. } | GuestEvent::Lost) {
+                return;
+            }
+        }
+    }
+
+    async fn serve(&self, mut instance: Instance) {
+        let stats = self.agent.stats.clone();
+        let mut traps: VecDeque<Instant> = VecDeque::new();
+        while let Some(event) = self.next().await {
+            let last = matches!(event, GuestEvent::End { .. } | GuestEvent::Lost);
+            let mut next = Some(event_of(event));
+            while let Some(event) = next.take() {
+                let started = Instant::now();
+                let outcome = instance.call(&event).await;
+                let took = started.elapsed();
+                stats.handled(&event, took);
+                tracing::trace!(
+                    session = self.session_id,
+                    handler = event.name(),
+                    took_us = took.as_micros() as u64,
+                    "handler"
+                );
+                match outcome {
+                    Outcome::Ok => {}
+                    Outcome::Failed(message) => {
+                        stats.handler_errors.inc();
+                        tracing::warn!(
+                            session = self.session_id,
+                            handler = event.name(),
+                            message,
+                            "the handler failed"
+                        );
+                    }
+                    Outcome::Trapped { kind, detail } => {
+                        stats.trap(kind);
+                        tracing::warn!(
+                            session = self.session_id,
+                            handler = event.name(),
+                            kind = kind.as_str(),
+                            detail,
+                            "the agent trapped: a fresh instance takes over"
+                        );
+                        traps.push_back(Instant::now());
+                        while traps
+                            .front()
+                            .is_some_and(|t| t.elapsed() > self.rules.trap_window)
+                        {
+                            traps.pop_front();
+                        }
+                        if traps.len() >= self.rules.max_traps {
+                            if !last {
+                                self.give_up().await;
+                            }
+                            return;
+                        }
+                        if !last {
+                            stats.restarts.inc();
+                            next = Some(Event::Restart(restart_reason(kind)));
+                        }
+                    }
+                }
+            }
+            if last {
+                return;
+            }
+        }
+    }
+}
+
+fn restart_reason(kind: TrapKind) -> String {
+    kind.as_str().to_string()
+}

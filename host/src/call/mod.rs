@@ -1,0 +1,1120 @@
+//! One call as a sans-IO state machine: every rule of the protocol that concerns a single session lives
+//! here and nowhere else. A [`Call`] takes inputs (a frame or audio from Sent, a guest's request, its
+//! connection lost or refusing a resume, a move to another connection, the clock) and pushes [`Output`]s
+//! (frames and audio to write on a named connection, answers to tool calls, events for the guest). It
+//! never touches a socket, a lock or a task; [`crate::agent`] moves inputs in and outputs out.
+//!
+//! The rules, each tagged with the scenario (or test) that checks it, so that one grep finds rule,
+//! scenario and code:
+//!
+//! * counting: Sent's counted frames read (`received`), ours sent, saturating, never wrapping;
+//! * retention: our last [`RETAINED_FRAMES`] counted frames, for a replay;
+//! * the resume hold: between leaving a connection and `session.resumed`, frames are kept, not sent, and
+//!   audio is dropped; the replay sends what Sent did not read, once, in order, or a hangup for a gap;
+//! * the stream number: only the one Sent gave on the connection the call is on now;
+//! * tool calls: each answered exactly once (Sent's result, Sent's refusal, `ended` or `timed-out`);
+//! * the end and the loss: once, heard by the guest once, after which nothing of the call is written;
+//! * `window_ms`: a detached call is lost when its window has passed;
+//! * bounds: the guest's backlog of Sent's frames and caller audio, held frames, audio per message.
+
+use crate::protocol::{frames, Frame, MAX_AUDIO_MS_PER_MESSAGE, RETAINED_FRAMES};
+use crate::stats::Stats;
+use bytes::{Bytes, BytesMut};
+use sentdm_voice_agents::frames::{
+    ErrorFrame, SessionResume, SessionResumed, SessionStart, ToolCall,
+};
+use serde_json::{Map, Value};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[cfg(test)]
+mod tests;
+
+/// A connection to Sent, as the agent's router numbers them.
+pub type ConnId = u64;
+
+/// One call of an agent: unique for the life of the agent's router, never reused (Sent's session ids are
+/// not ours to trust for that).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CallKey(pub u64);
+
+/// How long a `session.resume` may wait for Sent's answer before the call is given up as lost.
+pub const RESUME_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Tool calls of the guest's that may wait for Sent's answer at once (the failure policy's own are not
+/// counted: they always go out).
+pub const MAX_WAITING_TOOLS: usize = 16;
+
+/// What the call carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Media {
+    Text,
+    /// Raw 16-bit mono PCM both ways at this rate (Hz).
+    Audio {
+        sample_rate: u32,
+    },
+}
+
+impl Media {
+    /// 16-bit samples in `ms` milliseconds of audio (none for a text call).
+    pub fn bytes_per(&self, ms: u32) -> usize {
+        match self {
+            Media::Text => 0,
+            Media::Audio { sample_rate } => (*sample_rate as usize * ms as usize / 1000) * 2,
+        }
+    }
+}
+
+/// What the host does with a call its agent cannot serve (it keeps trapping, it is over a session cap, it
+/// could not be instantiated, or it cannot keep up with Sent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// End the call with the hangup tool.
+    HangUp,
+    /// Transfer the call to this party (kind, value), e.g. a person's number; a hangup if that fails.
+    Transfer { kind: String, value: String },
+}
+
+/// The bounds one call runs under.
+#[derive(Debug, Clone)]
+pub struct CallLimits {
+    /// How long a tool call waits for Sent's answer.
+    pub tool_timeout: Duration,
+    /// Caller audio queued for a busy guest, in milliseconds; past it the oldest is dropped and counted.
+    pub audio_backlog_ms: u32,
+    /// Sent's frames queued for a busy guest, by count and in bytes of text; past either the call gets its
+    /// failure policy.
+    pub frame_backlog: usize,
+    pub frame_backlog_bytes: usize,
+    /// The agent's audio queued for Sent, per call, in milliseconds (enforced by the connection's writer).
+    pub audio_out_ms: u32,
+}
+
+impl Default for CallLimits {
+    fn default() -> Self {
+        CallLimits {
+            tool_timeout: Duration::from_secs(30),
+            audio_backlog_ms: 1000,
+            frame_backlog: 256,
+            frame_backlog_bytes: 1 << 20,
+            audio_out_ms: 1000,
+        }
+    }
+}
+
+/// Why the host did not do what the guest asked (the WIT's `refused`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The call has ended or was lost.
+    Ended,
+    /// The frame would break the protocol.
+    Invalid,
+    /// `say` on an audio call.
+    WrongMedia,
+    /// A bound of the host: too many tool calls waiting, too many frames not yet written.
+    OverLimit,
+    /// Sent did not answer a tool call in time.
+    TimedOut,
+}
+
+/// Sent's answer to one tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolAnswer {
+    pub call_ref: String,
+    pub ok: bool,
+    /// (code, message) when `ok` is false.
+    pub error: Option<(String, String)>,
+}
+
+/// One event for the guest, in the order Sent's frames arrived.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GuestEvent {
+    Start,
+    UserSaid {
+        text: String,
+        correction: bool,
+    },
+    /// Caller audio: 16-bit little-endian samples.
+    Audio(Bytes),
+    ToolResult(ToolAnswer),
+    /// A session frame of a type the host does not know: its type and the whole frame as JSON.
+    Unknown {
+        frame_type: String,
+        json: String,
+    },
+    End {
+        reason: String,
+        duration_ms: u64,
+    },
+    Lost,
+}
+
+impl GuestEvent {
+    fn is_terminal(&self) -> bool {
+        matches!(self, GuestEvent::End { .. } | GuestEvent::Lost)
+    }
+}
+
+/// What a call (or the router around it) asks its I/O to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Write a frame's text on `conn`, tagged with the call so it can be retracted while still queued.
+    Frame {
+        conn: ConnId,
+        key: CallKey,
+        text: String,
+    },
+    /// Write a binary audio message on `conn`. At most `backlog` bytes of this call's audio may wait
+    /// there: past it the oldest is dropped and counted.
+    Audio {
+        conn: ConnId,
+        key: CallKey,
+        message: Bytes,
+        backlog: usize,
+    },
+    /// Drop whatever of the call is still queued on `conn`: it has ended, or left the connection.
+    Retract { conn: ConnId, key: CallKey },
+    /// Answer the guest's tool call `call_ref`; exactly once per call.
+    Answer {
+        key: CallKey,
+        call_ref: String,
+        answer: Result<ToolAnswer, Refused>,
+    },
+    /// The guest has an event waiting ([`Call::next_event`]).
+    Wake { key: CallKey },
+    /// The pong for a ping on `conn`: written before any data queued there.
+    Pong { conn: ConnId, text: String },
+    /// Open connection `conn` after `delay`.
+    Dial { conn: ConnId, delay: Duration },
+    /// Close `conn` cleanly with 1000 (Sent sends what it carries to the fallback at once).
+    Close { conn: ConnId },
+    /// A new call to serve: its task should start.
+    Spawn {
+        key: CallKey,
+        start: Box<SessionStart>,
+    },
+}
+
+/// Where a call is, for the router's index of sessions and streams per connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Frames flow on `conn`; audio on `stream` (audio calls that have one there).
+    Live { conn: ConnId, stream: Option<u16> },
+    /// A `session.resume` is out on `conn`.
+    Moving { conn: ConnId },
+    /// No connection: waiting to be carried to one.
+    Detached,
+    /// Ended or lost.
+    Done,
+}
+
+/// The state of a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    /// On `conn`: frames flow both ways.
+    Live {
+        conn: ConnId,
+        stream: Option<u16>,
+    },
+    /// A `session.resume` went out on `to`: frames are held and audio dropped until `session.resumed` (or a
+    /// refusal) arrives there, by `deadline`.
+    Moving {
+        to: ConnId,
+        deadline: Instant,
+    },
+    /// Off every connection (its own was lost, or a resume was refused with `connection_full`): frames are
+    /// held, audio dropped, until the router carries it to a connection, by `deadline` (the resume window).
+    Detached {
+        deadline: Instant,
+    },
+    Ended,
+    Lost,
+}
+
+/// One of the call's own counted frames, kept for a replay.
+#[derive(Debug, Clone)]
+struct Kept {
+    text: String,
+    /// `n` of a tool call's `call_ref` (`t<n>`).
+    tool: Option<u64>,
+}
+
+/// Who waits for a tool call's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    Guest,
+    /// The failure policy's transfer: a hangup follows if it fails.
+    PolicyTransfer,
+    /// The failure policy's hangup, or the hangup a replay gap calls for.
+    HostHangup,
+}
+
+#[derive(Debug, Clone)]
+struct Waiting {
+    n: u64,
+    owner: Owner,
+    deadline: Instant,
+}
+
+/// What the call's guest takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guest {
+    /// Every event, in order.
+    Serving,
+    /// Only the terminal event, so that its task knows when to stop (the agent gave up on the call).
+    Terminal,
+    /// Nothing: its task has stopped, or took the terminal event.
+    Gone,
+}
+
+/// One call's protocol state.
+pub struct Call {
+    key: CallKey,
+    id: String,
+    media: Media,
+    state: State,
+    /// The latest resume token: a secret, never logged.
+    token: Option<String>,
+    window: Duration,
+    /// Sent's counted frames read.
+    received: u64,
+    /// Our counted frames no longer kept, the kept ones, and how many of all were handed to a connection
+    /// (the rest are held for the next resume).
+    before: u64,
+    kept: VecDeque<Kept>,
+    handed: u64,
+    /// The last `call_ref` number issued (`t1`, `t2`, …), and the calls waiting for an answer.
+    tools_issued: u64,
+    waiting: Vec<Waiting>,
+    events: VecDeque<GuestEvent>,
+    audio_queued: usize,
+    frames_queued: (usize, usize),
+    guest: Guest,
+    /// The failure policy ran.
+    gave_up: bool,
+    policy: FailurePolicy,
+    limits: CallLimits,
+    stats: Arc<Stats>,
+}
+
+impl Call {
+    /// A call for Sent's `session.start`, live on `conn`, with the `Start` event queued for its guest.
+    pub fn new(
+        key: CallKey,
+        start: &SessionStart,
+        conn: ConnId,
+        limits: CallLimits,
+        policy: FailurePolicy,
+        stats: Arc<Stats>,
+    ) -> Call {
+        let media = match &start.audio {
+            Some(audio) => Media::Audio {
+                // 16000 when absent, as the official SDK assumes.
+                sample_rate: audio
+                    .sample_rate
+                    .map_or(16000, |r| r.clamp(1, 48_000) as u32),
+            },
+            None => Media::Text,
+        };
+        let stream = start
+            .audio
+            .as_ref()
+            .and_then(|a| u16::try_from(a.stream).ok());
+        stats.sessions_started.inc();
+        Call {
+            key,
+            id: start.session_id.clone(),
+            media,
+            state: State::Live { conn, stream },
+            token: start.resume.as_ref().map(|r| r.token.clone()),
+            window: window_of(start.resume.as_ref().map(|r| r.window_ms)),
+            received: 0,
+            before: 0,
+            kept: VecDeque::new(),
+            handed: 0,
+            tools_issued: 0,
+            waiting: Vec::new(),
+            events: VecDeque::from([GuestEvent::Start]),
+            audio_queued: 0,
+            frames_queued: (0, 0),
+            guest: Guest::Serving,
+            gave_up: false,
+            policy,
+            limits,
+            stats,
+        }
+    }
+
+    pub fn key(&self) -> CallKey {
+        self.key
+    }
+
+    pub fn session_id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn media(&self) -> Media {
+        self.media
+    }
+
+    /// Where the call is.
+    pub fn place(&self) -> Place {
+        match self.state {
+            State::Live { conn, stream } => Place::Live { conn, stream },
+            State::Moving { to, .. } => Place::Moving { conn: to },
+            State::Detached { .. } => Place::Detached,
+            State::Ended | State::Lost => Place::Done,
+        }
+    }
+
+    /// Whether the call has ended or was lost.
+    pub fn finished(&self) -> bool {
+        matches!(self.state, State::Ended | State::Lost)
+    }
+
+    /// Whether the router may forget the call: it is finished and its guest knows (or is gone).
+    pub fn forgettable(&self) -> bool {
+        self.finished() && self.guest == Guest::Gone
+    }
+
+    /// Whether the call can move to another connection now: it has a token and is not moving already.
+    pub fn movable(&self) -> bool {
+        self.token.is_some() && matches!(self.state, State::Live { .. } | State::Detached { .. })
+    }
+
+    /// Sent's counted frames read, and ours sent, for tests and the log.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.received, self.sent())
+    }
+
+    fn sent(&self) -> u64 {
+        self.before + self.kept.len() as u64
+    }
+
+    // ----- Sent's side -----
+
+    /// A frame of Sent's for this call, arriving on the connection it is live on (the router checks that).
+    pub fn read(&mut self, frame: Frame, now: Instant, out: &mut VecDeque<Output>) {
+        if self.finished() {
+            return;
+        }
+        // [scenario: unknown_frames_counted] Every session frame counts but the uncounted types.
+        if crate::protocol::counted(frame.frame_type()) {
+            self.received = self.received.saturating_add(1);
+            self.stats.frames_in.inc();
+        }
+        match frame {
+            Frame::UserSaid(said) => {
+                let bytes = said.text.len();
+                self.deliver(
+                    GuestEvent::UserSaid {
+                        text: said.text,
+                        correction: said.correction,
+                    },
+                    bytes,
+                    now,
+                    out,
+                );
+            }
+            Frame::ToolResult(result) => {
+                let answer = ToolAnswer {
+                    call_ref: result.call_ref,
+                    ok: result.ok,
+                    error: result.error.map(|e| (e.code, e.message)),
+                };
+                self.tool_answered(answer, now, out);
+            }
+            Frame::SessionEnd(end) => {
+                self.stats.sessions_ended.inc();
+                let event = GuestEvent::End {
+                    reason: end.reason,
+                    duration_ms: end.duration_ms.max(0) as u64,
+                };
+                self.finish(State::Ended, event, out);
+            }
+            Frame::Unknown(unknown) => {
+                let json = Value::Object(unknown.fields).to_string();
+                let bytes = json.len();
+                self.deliver(
+                    GuestEvent::Unknown {
+                        frame_type: unknown.frame_type,
+                        json,
+                    },
+                    bytes,
+                    now,
+                    out,
+                );
+            }
+            // The router handles the rest (start, resumed, error); the intake drops the agent's own types.
+            _ => {}
+        }
+    }
+
+    /// Caller audio for this call (samples, header stripped), arriving on the connection it is live on.
+    pub fn audio(&mut self, samples: Bytes, out: &mut VecDeque<Output>) {
+        if self.finished() || self.guest != Guest::Serving || self.media == Media::Text {
+            return;
+        }
+        self.stats.audio_in.inc();
+        // [scenario: caller_audio_backlog_bounded] Caller audio waiting for a busy guest is bounded by
+        // duration: the oldest goes first, counted. Counted frames are never dropped this way.
+        let cap = self
+            .media
+            .bytes_per(self.limits.audio_backlog_ms)
+            .max(samples.len());
+        while self.audio_queued + samples.len() > cap {
+            let Some(at) = self
+                .events
+                .iter()
+                .position(|e| matches!(e, GuestEvent::Audio(_)))
+            else {
+                break;
+            };
+            if let Some(GuestEvent::Audio(dropped)) = self.events.remove(at) {
+                self.audio_queued -= dropped.len();
+                self.stats.audio_dropped.inc();
+            }
+        }
+        self.audio_queued += samples.len();
+        self.events.push_back(GuestEvent::Audio(samples));
+        out.push_back(Output::Wake { key: self.key });
+    }
+
+    /// Sent's `session.resumed` on the connection the call is moving to: the next token and stream, then
+    /// what Sent did not read is sent again.
+    pub fn resumed(
+        &mut self,
+        conn: ConnId,
+        frame: &SessionResumed,
+        stream_free: impl Fn(u16) -> bool,
+        now: Instant,
+        out: &mut VecDeque<Output>,
+    ) {
+        if !matches!(self.state, State::Moving { to, .. } if to == conn) {
+            return;
+        }
+        // Without a next token the call ended while detached: Sent's replay ends with session.end.
+        self.token = frame.resume.as_ref().map(|r| r.token.clone());
+        if let Some(resume) = &frame.resume {
+            self.window = window_of(Some(resume.window_ms));
+        }
+        // [scenario: resumed_without_stream_sends_no_audio] Only the stream Sent gave on this connection;
+        // without one (or one another call holds here) the call's audio is dropped both ways.
+        let stream = match self.media {
+            Media::Audio { .. } => frame
+                .audio
+                .as_ref()
+                .and_then(|a| u16::try_from(a.stream).ok())
+                .filter(|s| *s != 0 && stream_free(*s)),
+            Media::Text => None,
+        };
+        self.state = State::Live { conn, stream };
+        self.stats.resumes.inc();
+        self.replay(conn, frame.received, now, out);
+    }
+
+    /// [scenario: resume_holds_frames, replay_gap_hangs_up, huge_received_does_not_wrap] Sends again, in
+    /// order and once, what Sent did not read; a hangup when Sent needs frames no longer kept. A `received`
+    /// past what was sent is Sent's mistake: nothing is sent again for it.
+    fn replay(&mut self, conn: ConnId, received: i64, now: Instant, out: &mut VecDeque<Output>) {
+        let sent = self.sent();
+        let read = (received.max(0) as u64).min(sent);
+        if read < self.before {
+            // Rebased on what Sent has: the hangup is its next frame.
+            self.before = read;
+            self.kept.clear();
+            self.handed = read;
+            tracing::warn!(
+                session = self.id,
+                "Sent needs frames no longer kept: hanging up"
+            );
+            self.issue_tool("hangup", None, Owner::HostHangup, now, out);
+            return;
+        }
+        let acknowledged = (read - self.before) as usize;
+        self.kept.drain(..acknowledged);
+        self.before = read;
+        for kept in &self.kept {
+            out.push_back(Output::Frame {
+                conn,
+                key: self.key,
+                text: kept.text.clone(),
+            });
+            self.stats.frames_out.inc();
+        }
+        self.handed = self.sent();
+    }
+
+    /// Sent's `error` naming this call, on `conn`. Returns whether it refused the call's resume with
+    /// `connection_full` (the router then looks for another connection).
+    pub fn refused(
+        &mut self,
+        conn: ConnId,
+        error: &ErrorFrame,
+        now: Instant,
+        out: &mut VecDeque<Output>,
+    ) -> bool {
+        let code = error.error.code.as_str();
+        let about_resume = error.frame_type.as_deref() == Some("session.resume")
+            || matches!(code, "resume_failed" | "connection_full");
+        match self.state {
+            State::Moving { to, .. } if to == conn && about_resume => {
+                if code == "connection_full" {
+                    // [scenario: connection_full_resumes_elsewhere] The token is still good elsewhere; until
+                    // then the call is held and sends nothing on the full connection.
+                    self.state = State::Detached {
+                        deadline: now + self.window,
+                    };
+                    true
+                } else {
+                    // [scenario: resume_failed_loses_session]
+                    self.lose(out);
+                    false
+                }
+            }
+            State::Live { conn: on, .. }
+                if on == conn && error.frame_type.as_deref() == Some("tool.call") =>
+            {
+                // [scenario: refused_tool_call_answered] Sent refused a tool call: its newest waiting call
+                // (a handler waits on one at a time) gets Sent's code at once. The refused frame had no
+                // effect and is not in Sent's count, so it leaves ours too.
+                if let Some(at) = self.waiting.iter().rposition(|w| self.is_handed(w.n)) {
+                    let waiting = self.waiting.remove(at);
+                    self.uncount_tool(waiting.n);
+                    let answer = ToolAnswer {
+                        call_ref: call_ref(waiting.n),
+                        ok: false,
+                        error: Some((code.to_string(), error.error.message.clone())),
+                    };
+                    self.answer(waiting.owner, answer, true, now, out);
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+
+    fn is_handed(&self, n: u64) -> bool {
+        match self.kept.iter().position(|k| k.tool == Some(n)) {
+            Some(at) => self.before + (at as u64) < self.handed,
+            // Out of the kept frames: long since handed.
+            None => true,
+        }
+    }
+
+    fn uncount_tool(&mut self, n: u64) {
+        if let Some(at) = self.kept.iter().position(|k| k.tool == Some(n)) {
+            self.kept.remove(at);
+            self.handed = self.handed.saturating_sub(1);
+        }
+    }
+
+    // ----- the router's side -----
+
+    /// The call moves to `conn`: until `session.resumed` arrives there, frames are held and audio dropped.
+    /// What is still queued on its old connection is retracted (a replay brings it again). Returns false
+    /// when it cannot move (no token, or it is moving already).
+    pub fn move_to(&mut self, conn: ConnId, now: Instant, out: &mut VecDeque<Output>) -> bool {
+        let Some(token) = self.token.clone() else {
+            return false;
+        };
+        match self.state {
+            State::Live { conn: old, .. } => out.push_back(Output::Retract {
+                conn: old,
+                key: self.key,
+            }),
+            State::Detached { .. } => {}
+            _ => return false,
+        }
+        let resume = Frame::SessionResume(SessionResume {
+            session_id: self.id.clone(),
+            token,
+            received: i64::try_from(self.received).unwrap_or(i64::MAX),
+        });
+        let Ok(text) = frames::encode_to_string(&resume) else {
+            return false;
+        };
+        out.push_back(Output::Frame {
+            conn,
+            key: self.key,
+            text,
+        });
+        self.state = State::Moving {
+            to: conn,
+            deadline: now + RESUME_ANSWER_TIMEOUT,
+        };
+        true
+    }
+
+    /// The connection `conn` is gone. A call live on it with a token waits, detached, for another one
+    /// until its window has passed; without a token it is lost. A call whose resume was out on it is lost
+    /// (its resume was never answered).
+    pub fn connection_lost(&mut self, conn: ConnId, now: Instant, out: &mut VecDeque<Output>) {
+        match self.state {
+            State::Live { conn: on, .. } if on == conn => {
+                if self.token.is_some() {
+                    self.state = State::Detached {
+                        deadline: now + self.window,
+                    };
+                } else {
+                    self.lose(out);
+                }
+            }
+            State::Moving { to, .. } if to == conn => self.lose(out),
+            _ => {}
+        }
+    }
+
+    /// The host is stopping: the call is lost (its connection closes with 1000; Sent sends it to its
+    /// fallback).
+    pub fn stop(&mut self, out: &mut VecDeque<Output>) {
+        self.lose(out);
+    }
+
+    /// The earliest moment something is due: a resume's answer, the resume window, a tool's answer.
+    pub fn deadline(&self) -> Option<Instant> {
+        let state = match self.state {
+            State::Moving { deadline, .. } | State::Detached { deadline } => Some(deadline),
+            _ => None,
+        };
+        let tools = self.waiting.iter().map(|w| w.deadline).min();
+        [state, tools].into_iter().flatten().min()
+    }
+
+    /// What is due at `now`.
+    pub fn timeout(&mut self, now: Instant, out: &mut VecDeque<Output>) {
+        match self.state {
+            // [scenario: unreachable_sent_loses_call_after_window] Sent keeps a call for a resume only for
+            // its window: past it the call is lost here too.
+            State::Detached { deadline } if deadline <= now => {
+                tracing::info!(session = self.id, "the resume window has passed");
+                self.lose(out);
+            }
+            State::Moving { deadline, .. } if deadline <= now => {
+                tracing::warn!(session = self.id, "Sent did not answer the resume");
+                self.lose(out);
+            }
+            _ => {}
+        }
+        // [scenario: timed_out_tools_leave_nothing_behind] A tool Sent does not answer in time is answered
+        // `timed-out`, and leaves no entry behind.
+        while let Some(at) = self.waiting.iter().position(|w| w.deadline <= now) {
+            let waiting = self.waiting.remove(at);
+            self.answer_refused(waiting.owner, waiting.n, Refused::TimedOut, now, out);
+        }
+    }
+
+    // ----- the guest's side -----
+
+    /// The guest's next event, in arrival order.
+    pub fn next_event(&mut self) -> Option<GuestEvent> {
+        let event = self.events.pop_front()?;
+        match &event {
+            GuestEvent::Audio(samples) => self.audio_queued -= samples.len(),
+            GuestEvent::UserSaid { text, .. } => self.unqueue_frame(text.len()),
+            GuestEvent::Unknown { json, .. } => self.unqueue_frame(json.len()),
+            GuestEvent::ToolResult(_) => self.unqueue_frame(0),
+            GuestEvent::End { .. } | GuestEvent::Lost => self.guest = Guest::Gone,
+            GuestEvent::Start => {}
+        }
+        Some(event)
+    }
+
+    fn unqueue_frame(&mut self, bytes: usize) {
+        self.frames_queued.0 -= 1;
+        self.frames_queued.1 -= bytes;
+    }
+
+    /// A counted frame of the guest's (`agent.say`, `agent.clear`), already encoded and checked by the
+    /// codec. `unwritten` is how many of the call's frames still wait in its connection's queue.
+    pub fn send(
+        &mut self,
+        frame: &Frame,
+        text: String,
+        unwritten: usize,
+        out: &mut VecDeque<Output>,
+    ) -> Result<(), Refused> {
+        if self.finished() {
+            return Err(Refused::Ended);
+        }
+        if matches!(frame, Frame::AgentSay(_)) && self.media != Media::Text {
+            return Err(Refused::WrongMedia);
+        }
+        self.room_for_a_frame(unwritten)?;
+        self.keep_and_hand(text, None, out);
+        Ok(())
+    }
+
+    /// [scenario: unread_frames_refused_over_limit] Every counted frame not yet written must still be
+    /// kept for a replay: at most [`RETAINED_FRAMES`] wait, in the connection's queue or held during a
+    /// resume; past that the guest is refused `over-limit` and nothing is counted.
+    fn room_for_a_frame(&self, unwritten: usize) -> Result<(), Refused> {
+        let waiting = match self.state {
+            State::Live { .. } => unwritten,
+            _ => (self.sent() - self.handed) as usize,
+        };
+        if waiting >= RETAINED_FRAMES {
+            return Err(Refused::OverLimit);
+        }
+        Ok(())
+    }
+
+    /// Counts and keeps one of our frames, and writes it if the call is on a connection.
+    fn keep_and_hand(&mut self, text: String, tool: Option<u64>, out: &mut VecDeque<Output>) {
+        let live = match self.state {
+            State::Live { conn, .. } => Some(conn),
+            _ => None,
+        };
+        if let Some(conn) = live {
+            out.push_back(Output::Frame {
+                conn,
+                key: self.key,
+                text: text.clone(),
+            });
+            self.stats.frames_out.inc();
+        }
+        self.kept.push_back(Kept { text, tool });
+        if self.kept.len() > RETAINED_FRAMES {
+            self.kept.pop_front();
+            self.before += 1;
+        }
+        if live.is_some() {
+            self.handed = self.sent();
+        }
+    }
+
+    /// The guest's tool call: its `call_ref`, to wait on for an [`Output::Answer`].
+    pub fn tool(
+        &mut self,
+        name: String,
+        arguments: Option<Map<String, Value>>,
+        unwritten: usize,
+        now: Instant,
+        out: &mut VecDeque<Output>,
+    ) -> Result<String, Refused> {
+        if self.finished() {
+            return Err(Refused::Ended);
+        }
+        let guests = self
+            .waiting
+            .iter()
+            .filter(|w| w.owner == Owner::Guest)
+            .count();
+        if guests >= MAX_WAITING_TOOLS {
+            return Err(Refused::OverLimit);
+        }
+        self.room_for_a_frame(unwritten)?;
+        let frame = Frame::ToolCall(ToolCall {
+            session_id: self.id.clone(),
+            call_ref: call_ref(self.tools_issued + 1),
+            name,
+            arguments,
+        });
+        let text = frames::encode_to_string(&frame).map_err(|_| Refused::Invalid)?;
+        self.tools_issued += 1;
+        let n = self.tools_issued;
+        self.waiting.push(Waiting {
+            n,
+            owner: Owner::Guest,
+            deadline: now + self.limits.tool_timeout,
+        });
+        self.keep_and_hand(text, Some(n), out);
+        Ok(call_ref(n))
+    }
+
+    /// The guest's audio: cut into messages of at most 200 ms, written on the call's stream; dropped (and
+    /// counted) after the end, while the call moves, without a stream, and on a text call.
+    pub fn send_audio(&mut self, samples: &[u8], out: &mut VecDeque<Output>) {
+        // [scenario: audio_after_end_not_delivered, resume_holds_frames] No audio after the end, none while
+        // moving: the old stream may be another caller's on the new connection.
+        let (conn, stream) = match self.state {
+            State::Live {
+                conn,
+                stream: Some(stream),
+            } => (conn, stream),
+            _ => {
+                if self.media != Media::Text && !samples.is_empty() {
+                    self.stats.audio_out_dropped.inc();
+                }
+                return;
+            }
+        };
+        let per_message = self.media.bytes_per(MAX_AUDIO_MS_PER_MESSAGE).max(2);
+        let backlog = self
+            .media
+            .bytes_per(self.limits.audio_out_ms)
+            .max(per_message);
+        // [scenario: oversized_audio_is_cut] Audio past what may wait for the writer would only be
+        // dropped there: it is dropped here, oldest first, without being copied.
+        let samples = &samples[..samples.len() & !1];
+        let skip = samples.len().saturating_sub(backlog) & !1;
+        if skip > 0 {
+            self.stats.audio_out_dropped.inc();
+        }
+        for chunk in samples[skip..].chunks(per_message) {
+            let mut message = BytesMut::with_capacity(2 + chunk.len());
+            message.extend_from_slice(&stream.to_be_bytes());
+            message.extend_from_slice(chunk);
+            out.push_back(Output::Audio {
+                conn,
+                key: self.key,
+                message: message.freeze(),
+                backlog,
+            });
+            self.stats.audio_out.inc();
+        }
+    }
+
+    /// The agent cannot serve the call: the guest gets no more events (but the last), and the failure
+    /// policy runs once: a transfer, followed by a hangup if it fails; or a hangup.
+    pub fn give_up(&mut self, now: Instant, out: &mut VecDeque<Output>) {
+        self.abandon();
+        if self.gave_up || self.finished() {
+            return;
+        }
+        self.gave_up = true;
+        self.stats.policies_applied.inc();
+        match self.policy.clone() {
+            FailurePolicy::HangUp => self.issue_tool("hangup", None, Owner::HostHangup, now, out),
+            FailurePolicy::Transfer { kind, value } => {
+                let mut to = Map::new();
+                to.insert("kind".into(), Value::String(kind));
+                to.insert("value".into(), Value::String(value));
+                let mut arguments = Map::new();
+                arguments.insert("to".into(), Value::Object(to));
+                self.issue_tool("transfer", Some(arguments), Owner::PolicyTransfer, now, out);
+            }
+        }
+    }
+
+    /// The guest takes no more events; only the terminal one, when it comes.
+    pub fn abandon(&mut self) {
+        if self.guest == Guest::Serving {
+            self.guest = Guest::Terminal;
+        }
+        let terminal = self.events.iter().find(|e| e.is_terminal()).cloned();
+        self.events.clear();
+        self.events.extend(terminal);
+        self.audio_queued = 0;
+        self.frames_queued = (0, 0);
+    }
+
+    /// The guest's task has stopped for good: nothing more is queued for it.
+    pub fn release(&mut self) {
+        self.guest = Guest::Gone;
+        self.events.clear();
+        self.audio_queued = 0;
+        self.frames_queued = (0, 0);
+    }
+
+    // ----- inside -----
+
+    /// A host-issued tool call (the failure policy, a replay gap): not under the guest's cap, always sent.
+    fn issue_tool(
+        &mut self,
+        name: &str,
+        arguments: Option<Map<String, Value>>,
+        owner: Owner,
+        now: Instant,
+        out: &mut VecDeque<Output>,
+    ) {
+        if self.finished() {
+            return;
+        }
+        let n = self.tools_issued + 1;
+        let frame = Frame::ToolCall(ToolCall {
+            session_id: self.id.clone(),
+            call_ref: call_ref(n),
+            name: name.to_string(),
+            arguments,
+        });
+        let Ok(text) = frames::encode_to_string(&frame) else {
+            tracing::error!(
+                session = self.id,
+                tool = name,
+                "cannot encode the host's tool call"
+            );
+            return;
+        };
+        self.tools_issued = n;
+        self.waiting.push(Waiting {
+            n,
+            owner,
+            deadline: now + self.limits.tool_timeout,
+        });
+        self.keep_and_hand(text, Some(n), out);
+    }
+
+    /// Sent's `tool.result`.
+    fn tool_answered(&mut self, answer: ToolAnswer, now: Instant, out: &mut VecDeque<Output>) {
+        let n = parse_call_ref(&answer.call_ref);
+        match n.and_then(|n| self.waiting.iter().position(|w| w.n == n)) {
+            Some(at) => {
+                let waiting = self.waiting.remove(at);
+                self.answer(waiting.owner, answer, false, now, out);
+            }
+            // A late answer (the call timed out) still reaches the guest's handler.
+            None if n.is_some_and(|n| n <= self.tools_issued) => {
+                self.deliver(GuestEvent::ToolResult(answer), 0, now, out);
+            }
+            // [scenario: unknown_tool_result_ignored] An answer to a call never issued reaches nobody.
+            None => tracing::debug!(session = self.id, "a tool.result for no call: ignored"),
+        }
+    }
+
+    /// Delivers Sent's answer to whoever waits for it; the guest also hears it as an event.
+    fn answer(
+        &mut self,
+        owner: Owner,
+        answer: ToolAnswer,
+        refused_by_sent: bool,
+        now: Instant,
+        out: &mut VecDeque<Output>,
+    ) {
+        match owner {
+            Owner::Guest => {
+                out.push_back(Output::Answer {
+                    key: self.key,
+                    call_ref: answer.call_ref.clone(),
+                    answer: Ok(answer.clone()),
+                });
+                self.deliver(GuestEvent::ToolResult(answer), 0, now, out);
+            }
+            // [scenario: failed_policy_transfer_hangs_up] A failed transfer of the failure policy is
+            // followed by a hangup.
+            Owner::PolicyTransfer if !answer.ok => {
+                tracing::warn!(
+                    session = self.id,
+                    code = answer.error.as_ref().map(|e| e.0.as_str()),
+                    refused_by_sent,
+                    "the failure policy's transfer failed: hanging up"
+                );
+                self.issue_tool("hangup", None, Owner::HostHangup, now, out);
+            }
+            Owner::PolicyTransfer => {}
+            Owner::HostHangup if !answer.ok => {
+                tracing::error!(
+                    session = self.id,
+                    code = answer.error.as_ref().map(|e| e.0.as_str()),
+                    "Sent refused the host's hangup"
+                );
+            }
+            Owner::HostHangup => {}
+        }
+    }
+
+    /// A tool call ends without Sent's answer (`ended`, `timed-out`).
+    fn answer_refused(
+        &mut self,
+        owner: Owner,
+        n: u64,
+        refused: Refused,
+        now: Instant,
+        out: &mut VecDeque<Output>,
+    ) {
+        match owner {
+            Owner::Guest => out.push_back(Output::Answer {
+                key: self.key,
+                call_ref: call_ref(n),
+                answer: Err(refused),
+            }),
+            Owner::PolicyTransfer if refused == Refused::TimedOut => {
+                tracing::warn!(
+                    session = self.id,
+                    "the failure policy's transfer went unanswered: hanging up"
+                );
+                self.issue_tool("hangup", None, Owner::HostHangup, now, out);
+            }
+            Owner::PolicyTransfer | Owner::HostHangup => {}
+        }
+    }
+
+    /// Queues one of Sent's frames for the guest. [scenario: flooded_call_gets_failure_policy] Past the
+    /// backlog the guest cannot keep up: the frame is dropped (counted) and the call gets its failure
+    /// policy.
+    fn deliver(
+        &mut self,
+        event: GuestEvent,
+        bytes: usize,
+        now: Instant,
+        out: &mut VecDeque<Output>,
+    ) {
+        if self.guest != Guest::Serving {
+            return;
+        }
+        let (count, size) = self.frames_queued;
+        if count >= self.limits.frame_backlog || size + bytes > self.limits.frame_backlog_bytes {
+            self.stats.frames_dropped.inc();
+            tracing::warn!(
+                session = self.id,
+                queued = count,
+                "the agent cannot keep up with Sent's frames: applying its failure policy"
+            );
+            self.give_up(now, out);
+            return;
+        }
+        self.frames_queued = (count + 1, size + bytes);
+        self.events.push_back(event);
+        out.push_back(Output::Wake { key: self.key });
+    }
+
+    fn lose(&mut self, out: &mut VecDeque<Output>) {
+        if self.finished() {
+            return;
+        }
+        self.stats.sessions_lost.inc();
+        tracing::info!(session = self.id, "session lost");
+        self.finish(State::Lost, GuestEvent::Lost, out);
+    }
+
+    /// [scenario: resume_failed_loses_session, audio_after_end_not_delivered] The end or the loss, once:
+    /// every waiting tool call is answered `ended`, queued caller audio and everything still queued for
+    /// Sent is dropped, and the guest hears of it last.
+    fn finish(&mut self, state: State, event: GuestEvent, out: &mut VecDeque<Output>) {
+        if let State::Live { conn, .. } | State::Moving { to: conn, .. } = self.state {
+            out.push_back(Output::Retract {
+                conn,
+                key: self.key,
+            });
+        }
+        self.state = state;
+        for waiting in std::mem::take(&mut self.waiting) {
+            if waiting.owner == Owner::Guest {
+                out.push_back(Output::Answer {
+                    key: self.key,
+                    call_ref: call_ref(waiting.n),
+                    answer: Err(Refused::Ended),
+                });
+            }
+        }
+        let before = self.events.len();
+        self.events.retain(|e| !matches!(e, GuestEvent::Audio(_)));
+        for _ in self.events.len()..before {
+            self.stats.audio_dropped.inc();
+        }
+        self.audio_queued = 0;
+        match self.guest {
+            Guest::Serving => self.events.push_back(event),
+            Guest::Terminal => {
+                self.events.clear();
+                self.events.push_back(event);
+            }
+            Guest::Gone => return,
+        }
+        out.push_back(Output::Wake { key: self.key });
+    }
+}
+
+/// How long Sent keeps a call for a resume: the frame's `window_ms` (15 s when it gives none).
+fn window_of(window_ms: Option<i64>) -> Duration {
+    Duration::from_millis(window_ms.map_or(15_000, |ms| ms.clamp(1, 24 * 3600 * 1000) as u64))
+}
+
+fn call_ref(n: u64) -> String {
+    format!("t{n}")
+}
+
+fn parse_call_ref(call_ref: &str) -> Option<u64> {
+    call_ref.strip_prefix('t')?.parse().ok().filter(|n| *n > 0)
+}
