@@ -15,6 +15,7 @@ pub mod agent;
 pub mod call;
 pub mod config;
 pub mod connection;
+pub mod logging;
 pub mod metrics;
 pub mod outbound;
 pub mod protocol;

@@ -101,15 +101,7 @@ fn main() {
 }
 
 fn start() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,wasmtime=warn,cranelift=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: a log file or a collector gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    voicehost::logging::init("info,wasmtime=warn,cranelift=warn");
     let cli = Cli::parse();
     let runtime = tokio::runtime::Runtime::new()?;
     match cli.command {

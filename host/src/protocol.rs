@@ -99,24 +99,45 @@ fn check_ids(frame: &Frame) -> Result<(), Invalid> {
     }
 }
 
-/// A message for the log without anything quoted in it (a value from the frame), and not too long.
+/// A message for the log without anything quoted in it (a value from the frame, in double quotes or
+/// backticks), without anything that looks like a resume token, and not too long.
 pub fn loggable(message: &str) -> String {
     let mut out = String::new();
-    let mut quoted = false;
+    let mut quote: Option<char> = None;
     for c in message.chars() {
-        if c == '"' {
-            if !quoted {
-                out.push_str("\"…\"");
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None if c == '"' || c == '`' => {
+                out.push(c);
+                out.push('…');
+                out.push(c);
+                quote = Some(c);
             }
-            quoted = !quoted;
-        } else if !quoted {
-            out.push(c);
+            None => out.push(c),
         }
         if out.len() > 200 {
             out.push('…');
             break;
         }
     }
+    redact_tokens(&out)
+}
+
+/// `text` with every resume token (`vsr_…`) masked.
+pub fn redact_tokens(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("vsr_") {
+        out.push_str(&rest[..at]);
+        out.push_str("vsr_…");
+        let tail = &rest[at + 4..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+            .unwrap_or(tail.len());
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
     out
 }
 
@@ -163,6 +184,16 @@ mod tests {
             panic!("expected a schema error");
         };
         assert!(!message.contains("vsr_"), "{message}");
+    }
+
+    #[test]
+    fn a_log_line_quotes_nothing_and_masks_tokens() {
+        assert_eq!(
+            loggable("unknown variant `vsr_abc`, expected \"x\""),
+            "unknown variant `…`, expected \"…\""
+        );
+        assert_eq!(redact_tokens("a vsr_0123-x_y b"), "a vsr_… b");
+        assert_eq!(redact_tokens("no token"), "no token");
     }
 
     #[test]

@@ -1,1 +1,626 @@
+//! One rule per test, on one call, without a socket: inputs in, outputs checked.
 
+use super::*;
+use sentdm_voice_agents::frames::{
+    AgentSay, ErrorInfo, Party, Resume, SessionEnd, SessionResumedAudio, SessionStartAudio,
+    ToolResult, UnknownFrame, UserSaid,
+};
+
+const CONN: ConnId = 1;
+const OTHER: ConnId = 2;
+const TOKEN: &str = "vsr_0123456789abcdefghijklmnop";
+
+fn start(audio: Option<i64>, resumable: bool) -> SessionStart {
+    SessionStart {
+        session_id: "vs_1".into(),
+        call_id: "call_1".into(),
+        agent_id: "agent_1".into(),
+        direction: "inbound".into(),
+        from: Party {
+            kind: "number".into(),
+            value: Some("+14155550100".into()),
+        },
+        to: Party {
+            kind: "agent".into(),
+            value: Some("agent_1".into()),
+        },
+        session_type: if audio.is_some() { "audio" } else { "text" }.into(),
+        language: None,
+        audio: audio.map(|stream| SessionStartAudio {
+            stream,
+            sample_rate: Some(16000),
+        }),
+        max_duration_ms: None,
+        context: None,
+        resume: resumable.then(|| Resume {
+            token: TOKEN.into(),
+            window_ms: 2000,
+        }),
+        started_at: "2026-12-01T00:00:00Z".into(),
+    }
+}
+
+struct Test {
+    call: Call,
+    out: VecDeque<Output>,
+    now: Instant,
+    stats: Arc<Stats>,
+}
+
+impl Test {
+    fn text() -> Test {
+        Test::with(
+            start(None, true),
+            CallLimits::default(),
+            FailurePolicy::HangUp,
+        )
+    }
+
+    fn audio() -> Test {
+        Test::with(
+            start(Some(1), true),
+            CallLimits::default(),
+            FailurePolicy::HangUp,
+        )
+    }
+
+    fn with(start: SessionStart, limits: CallLimits, policy: FailurePolicy) -> Test {
+        let stats = Arc::new(Stats::default());
+        let mut test = Test {
+            call: Call::new(CallKey(1), &start, CONN, limits, policy, stats.clone()),
+            out: VecDeque::new(),
+            now: Instant::now(),
+            stats,
+        };
+        assert_eq!(test.call.next_event(), Some(GuestEvent::Start));
+        test
+    }
+
+    fn read(&mut self, frame: Frame) {
+        self.call.read(frame, self.now, &mut self.out);
+    }
+
+    fn said(&mut self, text: &str) {
+        self.read(Frame::UserSaid(UserSaid {
+            session_id: "vs_1".into(),
+            text: text.into(),
+            correction: false,
+        }));
+    }
+
+    fn say(&mut self, text: &str) -> Result<(), Refused> {
+        self.say_with(text, 0)
+    }
+
+    fn say_with(&mut self, text: &str, unwritten: usize) -> Result<(), Refused> {
+        let frame = Frame::AgentSay(AgentSay {
+            session_id: "vs_1".into(),
+            text: text.into(),
+            interruptible: None,
+            last: None,
+        });
+        let encoded = frames::encode_to_string(&frame).unwrap();
+        self.call.send(&frame, encoded, unwritten, &mut self.out)
+    }
+
+    fn tool(&mut self, name: &str) -> Result<String, Refused> {
+        self.call
+            .tool(name.into(), None, 0, self.now, &mut self.out)
+    }
+
+    fn result(&mut self, call_ref: &str, ok: bool) {
+        self.read(Frame::ToolResult(ToolResult {
+            session_id: "vs_1".into(),
+            call_ref: call_ref.into(),
+            ok,
+            error: (!ok).then(|| ErrorInfo {
+                code: "failed".into(),
+                message: "it failed".into(),
+            }),
+        }));
+    }
+
+    fn end(&mut self) {
+        self.read(Frame::SessionEnd(SessionEnd {
+            session_id: "vs_1".into(),
+            reason: "caller_hung_up".into(),
+            duration_ms: 10,
+        }));
+    }
+
+    fn resumed(&mut self, conn: ConnId, received: i64, stream: Option<i64>) {
+        let frame = SessionResumed {
+            session_id: "vs_1".into(),
+            received,
+            resume: Some(Resume {
+                token: "vsr_next0123456789abcdefghijk".into(),
+                window_ms: 2000,
+            }),
+            audio: stream.map(|stream| SessionResumedAudio { stream }),
+        };
+        self.call
+            .resumed(conn, &frame, |_| true, self.now, &mut self.out);
+    }
+
+    fn error(&mut self, conn: ConnId, code: &str, frame_type: &str) -> bool {
+        let error = ErrorFrame {
+            error: ErrorInfo {
+                code: code.into(),
+                message: "refused".into(),
+            },
+            session_id: Some("vs_1".into()),
+            frame_type: Some(frame_type.into()),
+        };
+        self.call.refused(conn, &error, self.now, &mut self.out)
+    }
+
+    fn move_to(&mut self, conn: ConnId) -> bool {
+        self.call.move_to(conn, self.now, &mut self.out)
+    }
+
+    fn later(&mut self, by: Duration) {
+        self.now += by;
+        self.call.timeout(self.now, &mut self.out);
+    }
+
+    /// The frames written, as (connection, type, text or call_ref), and nothing else is kept.
+    fn written(&mut self) -> Vec<(ConnId, String, String)> {
+        let mut written = Vec::new();
+        for output in self.out.drain(..) {
+            if let Output::Frame { conn, text, .. } = output {
+                let json: Value = serde_json::from_str(&text).unwrap();
+                let detail = json
+                    .get("text")
+                    .or(json.get("call_ref"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                written.push((conn, json["type"].as_str().unwrap().to_string(), detail));
+            }
+        }
+        written
+    }
+
+    fn outputs(&mut self) -> Vec<Output> {
+        self.out.drain(..).collect()
+    }
+
+    fn events(&mut self) -> Vec<GuestEvent> {
+        std::iter::from_fn(|| self.call.next_event()).collect()
+    }
+}
+
+fn say(conn: ConnId, text: &str) -> (ConnId, String, String) {
+    (conn, "agent.say".into(), text.into())
+}
+
+fn answers(outputs: &[Output]) -> Vec<(String, Result<bool, Refused>)> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Answer {
+                call_ref, answer, ..
+            } => Some((
+                call_ref.clone(),
+                answer.as_ref().map(|a| a.ok).map_err(|e| *e),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn sents_counted_frames_are_counted_and_reach_the_guest_in_order() {
+    let mut t = Test::text();
+    t.said("one");
+    t.read(Frame::Unknown(UnknownFrame {
+        frame_type: "session.note".into(),
+        session_id: Some("vs_1".into()),
+        fields: Map::new(),
+    }));
+    t.said("two");
+    assert_eq!(t.call.counts().0, 3);
+    let events = t.events();
+    assert!(matches!(&events[0], GuestEvent::UserSaid { text, .. } if text == "one"));
+    assert!(
+        matches!(&events[1], GuestEvent::Unknown { frame_type, .. } if frame_type == "session.note")
+    );
+    assert!(matches!(&events[2], GuestEvent::UserSaid { text, .. } if text == "two"));
+}
+
+#[test]
+fn resume_holds_frames_and_sends_them_once_in_order_after_session_resumed() {
+    let mut t = Test::text();
+    t.say("before").unwrap();
+    t.said("heard");
+    assert_eq!(t.written(), [say(CONN, "before")]);
+    assert!(t.move_to(OTHER));
+    let resume = t.written();
+    assert_eq!(resume[0].1, "session.resume");
+    assert_eq!(resume[0].0, OTHER);
+    t.say("held 1").unwrap();
+    t.say("held 2").unwrap();
+    assert!(t.written().is_empty(), "held, not written");
+    // Sent read the first: the two held ones go out, once, in order, on the new connection.
+    t.resumed(OTHER, 1, None);
+    assert_eq!(t.written(), [say(OTHER, "held 1"), say(OTHER, "held 2")]);
+    t.say("after").unwrap();
+    assert_eq!(t.written(), [say(OTHER, "after")]);
+    assert_eq!(t.call.counts(), (1, 4));
+}
+
+#[test]
+fn moving_retracts_what_is_still_queued_on_the_old_connection() {
+    let mut t = Test::text();
+    t.move_to(OTHER);
+    let outputs = t.outputs();
+    assert_eq!(
+        outputs[0],
+        Output::Retract {
+            conn: CONN,
+            key: CallKey(1)
+        }
+    );
+}
+
+#[test]
+fn replay_gap_hangs_up() {
+    let mut t = Test::text();
+    for n in 0..35 {
+        t.say(&format!("n{n}")).unwrap();
+    }
+    t.written();
+    t.move_to(OTHER);
+    t.written();
+    // Sent read 1 of 35: the agent keeps only the last 32.
+    t.resumed(OTHER, 1, None);
+    let written = t.written();
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert_eq!(written[0].1, "tool.call");
+    assert_eq!(
+        t.call.counts().1,
+        2,
+        "rebased on what Sent has, then the hangup"
+    );
+}
+
+#[test]
+fn huge_received_does_not_wrap() {
+    let mut t = Test::text();
+    t.say("one").unwrap();
+    t.written();
+    t.move_to(OTHER);
+    t.resumed(OTHER, i64::MAX, None);
+    assert!(
+        t.written().iter().all(|w| w.1 == "session.resume"),
+        "nothing sent again"
+    );
+    for n in 0..40 {
+        t.say(&format!("n{n}")).unwrap();
+    }
+    assert_eq!(t.call.counts().1, 41);
+    t.move_to(CONN);
+    t.written();
+    // A later gap still gets its hangup.
+    t.resumed(CONN, 2, None);
+    assert_eq!(t.written()[0].1, "tool.call");
+}
+
+#[test]
+fn a_tool_is_answered_by_sents_result_and_the_guest_hears_it_too() {
+    let mut t = Test::text();
+    let call_ref = t.tool("lookup").unwrap();
+    assert_eq!(call_ref, "t1");
+    t.outputs();
+    t.result("t1", true);
+    assert_eq!(answers(&t.outputs()), [("t1".to_string(), Ok(true))]);
+    assert!(matches!(&t.events()[..], [GuestEvent::ToolResult(a)] if a.call_ref == "t1"));
+    // Answered once: a second result reaches the guest's handler only.
+    t.result("t1", true);
+    assert!(answers(&t.outputs()).is_empty());
+}
+
+#[test]
+fn timed_out_tools_leave_nothing_behind() {
+    let mut t = Test::text();
+    for _ in 0..MAX_WAITING_TOOLS + 4 {
+        t.tool("lookup").unwrap();
+        t.later(Duration::from_secs(31));
+        let answers = answers(&t.outputs());
+        assert_eq!(answers.len(), 1);
+        assert_eq!(answers[0].1, Err(Refused::TimedOut));
+    }
+    assert!(t.tool("lookup").is_ok(), "no entry was left behind");
+    // A late answer to a timed-out call still reaches the guest's handler, no waiting tool.
+    t.result("t1", true);
+    assert!(answers(&t.outputs()).is_empty());
+    assert!(matches!(&t.events()[..], [GuestEvent::ToolResult(_)]));
+}
+
+#[test]
+fn unknown_tool_result_ignored() {
+    let mut t = Test::text();
+    t.result("t9", false);
+    t.result("x", false);
+    assert!(t.events().is_empty());
+    assert_eq!(t.call.counts().0, 2, "still counted");
+}
+
+#[test]
+fn refused_tool_call_answered() {
+    let mut t = Test::text();
+    t.say("first").unwrap();
+    t.tool("lookup").unwrap();
+    t.say("second").unwrap();
+    t.outputs();
+    assert!(!t.error(CONN, "tool_not_allowed", "tool.call"));
+    let outputs = t.outputs();
+    assert_eq!(answers(&outputs), [("t1".to_string(), Ok(false))]);
+    assert!(
+        matches!(&t.events()[..], [GuestEvent::ToolResult(a)] if a.error.as_ref().is_some_and(|e| e.0 == "tool_not_allowed"))
+    );
+    // The refused frame left the count: a resume that says Sent read 2 sends nothing again.
+    assert_eq!(t.call.counts().1, 2);
+    t.move_to(OTHER);
+    t.written();
+    t.resumed(OTHER, 2, None);
+    assert!(t.written().is_empty());
+}
+
+#[test]
+fn an_error_about_another_frame_answers_no_tool() {
+    let mut t = Test::text();
+    t.tool("lookup").unwrap();
+    t.outputs();
+    t.error(CONN, "frame_not_allowed", "agent.say");
+    t.error(OTHER, "tool_not_allowed", "tool.call");
+    assert!(answers(&t.outputs()).is_empty());
+}
+
+#[test]
+fn the_end_answers_waiting_tools_ended_drops_queued_audio_and_is_heard_last() {
+    let mut t = Test::audio();
+    t.call.audio(Bytes::from(vec![0u8; 640]), &mut t.out);
+    t.tool("lookup").unwrap();
+    t.end();
+    let outputs = t.outputs();
+    assert!(outputs.contains(&Output::Retract {
+        conn: CONN,
+        key: CallKey(1)
+    }));
+    assert_eq!(answers(&outputs), [("t1".to_string(), Err(Refused::Ended))]);
+    assert!(
+        matches!(&t.events()[..], [GuestEvent::End { .. }]),
+        "the queued audio is gone"
+    );
+    assert!(t.call.forgettable());
+    assert_eq!(t.say("late"), Err(Refused::Ended));
+    assert_eq!(t.tool("lookup"), Err(Refused::Ended));
+    t.call.send_audio(&[0; 640], &mut t.out);
+    assert!(t.outputs().is_empty(), "no audio after the end");
+    t.end();
+    assert!(t.events().is_empty(), "the end is heard once");
+}
+
+#[test]
+fn a_call_without_a_token_is_lost_with_its_connection() {
+    let mut t = Test::with(
+        start(None, false),
+        CallLimits::default(),
+        FailurePolicy::HangUp,
+    );
+    t.tool("lookup").unwrap();
+    t.call.connection_lost(CONN, t.now, &mut t.out);
+    assert!(t.call.finished());
+    assert_eq!(
+        answers(&t.outputs()),
+        [("t1".to_string(), Err(Refused::Ended))]
+    );
+    assert_eq!(t.events(), [GuestEvent::Lost]);
+    assert_eq!(t.stats.sessions_lost.get(), 1);
+}
+
+#[test]
+fn unreachable_sent_loses_call_after_window() {
+    let mut t = Test::text();
+    t.call.connection_lost(CONN, t.now, &mut t.out);
+    assert_eq!(t.call.place(), Place::Detached);
+    t.say("held").unwrap();
+    t.later(Duration::from_millis(1999));
+    assert!(!t.call.finished());
+    t.later(Duration::from_millis(1));
+    assert!(t.call.finished());
+    assert_eq!(t.events(), [GuestEvent::Lost]);
+}
+
+#[test]
+fn resume_failed_loses_session() {
+    let mut t = Test::text();
+    t.move_to(OTHER);
+    t.error(OTHER, "resume_failed", "session.resume");
+    assert!(t.call.finished());
+    assert_eq!(t.events(), [GuestEvent::Lost]);
+}
+
+#[test]
+fn an_unanswered_resume_is_lost_with_its_connection_or_its_deadline() {
+    let mut t = Test::text();
+    t.move_to(OTHER);
+    t.call.connection_lost(CONN, t.now, &mut t.out);
+    assert!(
+        !t.call.finished(),
+        "the old connection does not matter any more"
+    );
+    t.call.connection_lost(OTHER, t.now, &mut t.out);
+    assert!(t.call.finished());
+
+    let mut t = Test::text();
+    t.move_to(OTHER);
+    t.later(RESUME_ANSWER_TIMEOUT);
+    assert!(t.call.finished());
+}
+
+#[test]
+fn connection_full_resumes_elsewhere() {
+    let mut t = Test::audio();
+    t.move_to(OTHER);
+    assert!(t.error(OTHER, "connection_full", "session.resume"));
+    assert_eq!(t.call.place(), Place::Detached);
+    t.call.send_audio(&[1; 640], &mut t.out);
+    t.outputs();
+    assert!(t.move_to(3));
+    t.resumed(3, 0, Some(4));
+    assert_eq!(
+        t.call.place(),
+        Place::Live {
+            conn: 3,
+            stream: Some(4)
+        }
+    );
+    t.call.send_audio(&[1; 640], &mut t.out);
+    let audio: Vec<_> = t
+        .outputs()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Audio { conn, message, .. } => Some((conn, message[..2].to_vec())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        audio,
+        [(3, vec![0, 4])],
+        "on the new connection, under the new stream"
+    );
+}
+
+#[test]
+fn resumed_without_stream_sends_no_audio() {
+    let mut t = Test::audio();
+    t.move_to(OTHER);
+    t.resumed(OTHER, 0, None);
+    t.outputs();
+    t.call.send_audio(&[1; 640], &mut t.out);
+    assert!(t.outputs().is_empty());
+    assert_eq!(t.stats.audio_out_dropped.get(), 1);
+}
+
+#[test]
+fn oversized_audio_is_cut() {
+    let mut t = Test::audio();
+    // 2 s of 16 kHz: only the last second may wait for the writer, in messages of at most 200 ms.
+    let samples: Vec<u8> = (0..64_000).map(|n| (n / 2) as u8).collect();
+    t.call.send_audio(&samples, &mut t.out);
+    let messages: Vec<Bytes> = t
+        .outputs()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Audio { message, .. } => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(messages.len(), 5);
+    assert!(messages.iter().all(|m| m.len() == 2 + 6400));
+    assert_eq!(&messages[0][2..], &samples[32_000..38_400]);
+}
+
+#[test]
+fn caller_audio_backlog_bounded() {
+    let mut t = Test::audio();
+    for n in 0..60u8 {
+        t.call.audio(Bytes::from(vec![n; 640]), &mut t.out);
+    }
+    let events = t.events();
+    assert_eq!(events.len(), 50, "one second of 20 ms frames");
+    assert!(
+        matches!(&events[0], GuestEvent::Audio(a) if a[0] == 10),
+        "the oldest went first"
+    );
+    assert_eq!(t.stats.audio_dropped.get(), 10);
+}
+
+#[test]
+fn unread_frames_refused_over_limit() {
+    let mut t = Test::text();
+    assert_eq!(t.say_with("x", RETAINED_FRAMES), Err(Refused::OverLimit));
+    assert_eq!(t.call.counts().1, 0, "a refused frame is not counted");
+    assert!(t.say_with("x", RETAINED_FRAMES - 1).is_ok());
+    // While moving, the frames held count instead.
+    t.move_to(OTHER);
+    for n in 0..RETAINED_FRAMES {
+        t.say(&format!("held {n}")).unwrap();
+    }
+    assert_eq!(t.say("one too many"), Err(Refused::OverLimit));
+}
+
+#[test]
+fn flooded_call_gets_failure_policy() {
+    let limits = CallLimits {
+        frame_backlog: 4,
+        ..CallLimits::default()
+    };
+    let mut t = Test::with(start(None, true), limits, FailurePolicy::HangUp);
+    for n in 0..5 {
+        t.said(&format!("u{n}"));
+    }
+    let written = t.written();
+    assert_eq!(written.len(), 1);
+    assert_eq!(written[0].1, "tool.call", "the failure policy's hangup");
+    assert!(t.events().is_empty(), "the guest hears nothing more");
+    assert_eq!(t.stats.frames_dropped.get(), 1);
+    assert_eq!(t.stats.policies_applied.get(), 1);
+    t.end();
+    assert_eq!(
+        t.events(),
+        [GuestEvent::End {
+            reason: "caller_hung_up".into(),
+            duration_ms: 10
+        }]
+    );
+}
+
+#[test]
+fn failed_policy_transfer_hangs_up() {
+    let policy = FailurePolicy::Transfer {
+        kind: "number".into(),
+        value: "+14155550100".into(),
+    };
+    let mut t = Test::with(start(None, true), CallLimits::default(), policy.clone());
+    t.call.give_up(t.now, &mut t.out);
+    let written = t.written();
+    assert_eq!(written, [(CONN, "tool.call".into(), "t1".into())]);
+    t.result("t1", false);
+    assert_eq!(t.written(), [(CONN, "tool.call".into(), "t2".into())]);
+    t.give_up_again();
+
+    // A transfer nobody answers is followed by a hangup too.
+    let mut t = Test::with(start(None, true), CallLimits::default(), policy);
+    t.call.give_up(t.now, &mut t.out);
+    t.written();
+    t.later(Duration::from_secs(31));
+    assert_eq!(t.written(), [(CONN, "tool.call".into(), "t2".into())]);
+}
+
+impl Test {
+    fn give_up_again(&mut self) {
+        self.call.give_up(self.now, &mut self.out);
+        assert!(self.written().is_empty(), "the policy runs once");
+    }
+}
+
+#[test]
+fn the_failure_policy_is_not_under_the_guests_cap() {
+    let mut t = Test::text();
+    for _ in 0..MAX_WAITING_TOOLS {
+        t.tool("lookup").unwrap();
+    }
+    assert_eq!(t.tool("lookup"), Err(Refused::OverLimit));
+    t.outputs();
+    t.call.give_up(t.now, &mut t.out);
+    assert_eq!(t.written().len(), 1, "the hangup goes out");
+}
+
+#[test]
+fn say_on_an_audio_call_is_the_wrong_media() {
+    let mut t = Test::audio();
+    assert_eq!(t.say("hi"), Err(Refused::WrongMedia));
+}

@@ -27,10 +27,14 @@ pub fn sandbox() -> &'static Sandbox {
 
 /// Logs as `RUST_LOG` says, into the test's output.
 pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+    let directives = std::env::var("RUST_LOG").ok();
+    let layer = tracing_subscriber::fmt::layer()
         .with_test_writer()
-        .try_init();
+        .with_filter(voicehost::logging::filter(directives.as_deref(), "off"));
+    let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
 pub fn guest(name: &str) -> Vec<u8> {

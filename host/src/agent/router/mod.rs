@@ -8,7 +8,7 @@ use super::backoff;
 use crate::call::{
     Call, CallKey, CallLimits, ConnId, FailurePolicy, GuestEvent, Output, Place, Refused,
 };
-use crate::protocol::{frames, Frame};
+use crate::protocol::{frames, loggable, Frame};
 use crate::stats::Stats;
 use bytes::Bytes;
 use sentdm_voice_agents::frames::{ConnectionReady, ErrorFrame, SessionResumed, SessionStart};
@@ -16,6 +16,9 @@ use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[cfg(test)]
+mod tests;
 
 /// Connections beyond the ones asked for that `connection_full` may add, at most.
 pub const EXTRA_CONNECTIONS: usize = 8;
@@ -248,7 +251,7 @@ impl Router {
                 let Some(session_id) = frame.session_id() else {
                     tracing::debug!(
                         conn,
-                        frame_type = frame.frame_type(),
+                        frame_type = loggable(frame.frame_type()),
                         "a connection frame of an unknown type: ignored"
                     );
                     return;
@@ -523,7 +526,7 @@ impl Router {
             conn,
             code = error.error.code,
             session = error.session_id,
-            frame_type = error.frame_type,
+            frame_type = error.frame_type.as_deref().map(loggable),
             "Sent refused a frame"
         );
         let Some(key) = error

@@ -1,0 +1,437 @@
+//! The router's rules, one per test, without a socket: connection events and frames in, outputs checked.
+
+use super::*;
+use sentdm_voice_agents::frames::{
+    ConnectionDraining, ErrorInfo, Party, Resume, SessionEnd, SessionResumedAudio,
+    SessionStartAudio, UserSaid,
+};
+
+struct Test {
+    router: Router,
+    now: Instant,
+    stats: Arc<Stats>,
+}
+
+fn ready(max_sessions: i64) -> ConnectionReady {
+    ConnectionReady {
+        protocol_version: "0.2.0".into(),
+        heartbeat_interval_ms: 1000,
+        max_sessions,
+    }
+}
+
+fn start(id: &str, stream: Option<i64>) -> Frame {
+    Frame::SessionStart(SessionStart {
+        session_id: id.into(),
+        call_id: "call_1".into(),
+        agent_id: "agent_1".into(),
+        direction: "inbound".into(),
+        from: Party {
+            kind: "number".into(),
+            value: Some("+14155550100".into()),
+        },
+        to: Party {
+            kind: "agent".into(),
+            value: Some("agent_1".into()),
+        },
+        session_type: if stream.is_some() { "audio" } else { "text" }.into(),
+        language: None,
+        audio: stream.map(|stream| SessionStartAudio {
+            stream,
+            sample_rate: Some(16000),
+        }),
+        max_duration_ms: None,
+        context: None,
+        resume: Some(Resume {
+            token: format!("vsr_{id}0123456789abcdefghijklmnop"),
+            window_ms: 5000,
+        }),
+        started_at: "2026-12-01T00:00:00Z".into(),
+    })
+}
+
+fn said(id: &str, text: &str) -> Frame {
+    Frame::UserSaid(UserSaid {
+        session_id: id.into(),
+        text: text.into(),
+        correction: false,
+    })
+}
+
+impl Test {
+    fn new(connections: usize) -> Test {
+        let stats = Arc::new(Stats::default());
+        let now = Instant::now();
+        let config = RouterConfig {
+            connections,
+            limits: CallLimits::default(),
+            policy: FailurePolicy::HangUp,
+        };
+        let mut router = Router::new(config, stats.clone(), 7, now);
+        router.start();
+        Test { router, now, stats }
+    }
+
+    /// The dials asked for, by connection, with their delays.
+    fn dials(&mut self) -> Vec<(ConnId, Duration)> {
+        self.outputs()
+            .into_iter()
+            .filter_map(|o| match o {
+                Output::Dial { conn, delay } => Some((conn, delay)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn outputs(&mut self) -> Vec<Output> {
+        std::iter::from_fn(|| self.router.poll_output()).collect()
+    }
+
+    /// The frames written, as (connection, type, session).
+    fn written(&mut self) -> Vec<(ConnId, String, String)> {
+        self.outputs()
+            .into_iter()
+            .filter_map(|o| match o {
+                Output::Frame { conn, text, .. } => {
+                    let json: Value = serde_json::from_str(&text).unwrap();
+                    Some((
+                        conn,
+                        json["type"].as_str().unwrap().to_string(),
+                        json["session_id"].as_str().unwrap_or_default().to_string(),
+                    ))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn open(&mut self, conn: ConnId) {
+        self.router.opened(conn, &ready(10), self.now);
+    }
+
+    fn frame(&mut self, conn: ConnId, frame: Frame) {
+        self.router.frame(conn, frame, self.now);
+    }
+
+    fn later(&mut self, by: Duration) {
+        self.now += by;
+        self.router.timeout(self.now);
+    }
+
+    fn events(&mut self, id: &str) -> Vec<GuestEvent> {
+        let key = self.router.call(id).map(Call::key).unwrap();
+        std::iter::from_fn(|| self.router.next_event(key)).collect()
+    }
+
+    fn place(&self, id: &str) -> Place {
+        self.router.call(id).unwrap().place()
+    }
+}
+
+#[test]
+fn the_connections_asked_for_are_dialled_at_once() {
+    let mut t = Test::new(2);
+    assert_eq!(t.dials(), [(1, Duration::ZERO), (2, Duration::ZERO)]);
+}
+
+#[test]
+fn a_session_start_right_after_ready_reaches_a_new_call() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.frame(1, start("vs_a", None));
+    let outputs = t.outputs();
+    assert!(matches!(&outputs[0], Output::Spawn { start, .. } if start.session_id == "vs_a"));
+    assert_eq!(t.events("vs_a"), [GuestEvent::Start]);
+}
+
+#[test]
+fn duplicate_session_start_ignored() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.frame(1, start("vs_a", None));
+    t.frame(1, start("vs_a", None));
+    let spawns = t
+        .outputs()
+        .into_iter()
+        .filter(|o| matches!(o, Output::Spawn { .. }))
+        .count();
+    assert_eq!(spawns, 1);
+    assert_eq!(t.router.calls(), 1);
+    assert_eq!(t.stats.frames_invalid.get(), 1);
+}
+
+#[test]
+fn a_stream_another_call_holds_on_the_connection_is_refused() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.frame(1, start("vs_a", Some(1)));
+    t.frame(1, start("vs_b", Some(1)));
+    assert!(t.router.call("vs_b").is_none());
+}
+
+#[test]
+fn close_right_after_ready_keeps_dialling() {
+    let mut t = Test::new(1);
+    let mut delays = Vec::new();
+    for conn in 1..=8 {
+        let dials = t.dials();
+        assert_eq!(dials.len(), 1, "one connection is always being dialled");
+        assert_eq!(dials[0].0, conn);
+        delays.push(dials[0].1.as_secs_f64());
+        t.open(conn);
+        t.router.closed(conn, t.now);
+    }
+    // 0, then about 1, 2, 4, 8, 16, 30, 30 s: never 0 again without a ping.
+    assert_eq!(delays[0], 0.0);
+    for (attempt, delay) in delays.iter().enumerate().skip(1) {
+        let scheduled = backoff::scheduled(attempt as u32).as_secs_f64();
+        assert!(
+            *delay >= scheduled * 0.75 && *delay <= scheduled * 1.25,
+            "attempt {attempt}: {delay} s"
+        );
+    }
+}
+
+#[test]
+fn flapping_connection_backs_off() {
+    // Two connections; the first is healthy (pinged), the second keeps closing right after ready.
+    let mut t = Test::new(2);
+    t.dials();
+    t.open(1);
+    t.router.ping(1, 1);
+    t.open(2);
+    t.router.closed(2, t.now);
+    let first = t.dials()[0].1;
+    t.open(3);
+    t.router.ping(1, 2);
+    t.router.closed(3, t.now);
+    let second = t.dials()[0].1;
+    assert!(first >= Duration::from_millis(750), "{first:?}");
+    assert!(
+        second >= Duration::from_millis(1500),
+        "{second:?}: the healthy one's pings do not reset it"
+    );
+    // A ping on the flapping one's replacement starts its backoff over.
+    t.open(4);
+    t.router.ping(4, 3);
+    t.router.closed(4, t.now);
+    assert_eq!(t.dials()[0].1, Duration::ZERO);
+}
+
+#[test]
+fn drain_moves_sessions() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.frame(1, start("vs_a", None));
+    t.outputs();
+    t.frame(1, Frame::ConnectionDraining(ConnectionDraining {}));
+    assert_eq!(t.dials(), [(2, Duration::ZERO)], "a new connection at once");
+    assert_eq!(
+        t.place("vs_a"),
+        Place::Live {
+            conn: 1,
+            stream: None
+        }
+    );
+    t.open(2);
+    assert_eq!(t.written(), [(2, "session.resume".into(), "vs_a".into())]);
+    // Frames for it still arriving on the old connection are not read: Sent replays them.
+    t.frame(1, said("vs_a", "late"));
+    assert_eq!(t.router.call("vs_a").unwrap().counts().0, 0);
+    // A drained connection is not replaced when it closes.
+    t.router.closed(1, t.now);
+    assert!(t.dials().is_empty());
+    assert_eq!(t.place("vs_a"), Place::Moving { conn: 2 });
+}
+
+#[test]
+fn a_lost_connections_calls_go_to_another_open_one_at_once() {
+    let mut t = Test::new(2);
+    t.dials();
+    t.open(1);
+    t.open(2);
+    t.frame(1, start("vs_a", None));
+    t.outputs();
+    t.router.closed(1, t.now);
+    let written = t.written();
+    assert_eq!(written, [(2, "session.resume".into(), "vs_a".into())]);
+}
+
+#[test]
+fn connection_full_resumes_elsewhere() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.frame(1, start("vs_a", Some(1)));
+    t.router.closed(1, t.now);
+    t.dials();
+    t.open(2);
+    t.outputs();
+    t.frame(
+        2,
+        Frame::ErrorFrame(ErrorFrame {
+            error: ErrorInfo {
+                code: "connection_full".into(),
+                message: "full".into(),
+            },
+            session_id: Some("vs_a".into()),
+            frame_type: Some("session.resume".into()),
+        }),
+    );
+    assert_eq!(t.place("vs_a"), Place::Detached);
+    let dials = t.dials();
+    assert_eq!(dials, [(3, Duration::ZERO)], "an extra connection for it");
+    t.open(3);
+    assert_eq!(t.written(), [(3, "session.resume".into(), "vs_a".into())]);
+    t.frame(
+        3,
+        Frame::SessionResumed(SessionResumed {
+            session_id: "vs_a".into(),
+            received: 0,
+            resume: None,
+            audio: Some(SessionResumedAudio { stream: 1 }),
+        }),
+    );
+    assert_eq!(
+        t.place("vs_a"),
+        Place::Live {
+            conn: 3,
+            stream: Some(1)
+        }
+    );
+}
+
+#[test]
+fn extra_connections_retired() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.frame(1, start("vs_a", None));
+    t.router.closed(1, t.now);
+    t.dials();
+    t.open(2);
+    t.outputs();
+    t.frame(
+        2,
+        Frame::ErrorFrame(ErrorFrame {
+            error: ErrorInfo {
+                code: "connection_full".into(),
+                message: "full".into(),
+            },
+            session_id: Some("vs_a".into()),
+            frame_type: Some("session.resume".into()),
+        }),
+    );
+    t.dials();
+    t.open(3);
+    t.outputs();
+    t.frame(
+        3,
+        Frame::SessionResumed(SessionResumed {
+            session_id: "vs_a".into(),
+            received: 0,
+            resume: None,
+            audio: None,
+        }),
+    );
+    t.frame(
+        3,
+        Frame::SessionEnd(SessionEnd {
+            session_id: "vs_a".into(),
+            reason: "caller_hung_up".into(),
+            duration_ms: 1,
+        }),
+    );
+    t.outputs();
+    t.later(IDLE_RETIRE / 2);
+    assert!(t
+        .outputs()
+        .iter()
+        .all(|o| !matches!(o, Output::Close { .. })));
+    t.later(IDLE_RETIRE);
+    assert_eq!(
+        t.outputs(),
+        [Output::Close { conn: 3 }],
+        "the extra one, idle"
+    );
+    assert_eq!(t.router.ready_connections(), 1);
+    // Its end does not bring a replacement.
+    t.router.closed(3, t.now);
+    assert!(t.dials().is_empty());
+}
+
+#[test]
+fn audio_is_routed_by_stream_on_its_connection_only() {
+    let mut t = Test::new(2);
+    t.dials();
+    t.open(1);
+    t.open(2);
+    t.frame(1, start("vs_a", Some(1)));
+    t.frame(2, start("vs_b", Some(1)));
+    t.router.audio(2, 1, Bytes::from_static(&[1, 0]));
+    t.router.audio(1, 9, Bytes::from_static(&[2, 0]));
+    assert_eq!(t.events("vs_a"), [GuestEvent::Start]);
+    assert_eq!(
+        t.events("vs_b"),
+        [
+            GuestEvent::Start,
+            GuestEvent::Audio(Bytes::from_static(&[1, 0]))
+        ]
+    );
+}
+
+#[test]
+fn a_ping_is_answered_with_its_ts() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.router.ping(1, 42);
+    assert_eq!(
+        t.outputs(),
+        [Output::Pong {
+            conn: 1,
+            text: r#"{"type":"pong","ts":42}"#.into()
+        }]
+    );
+}
+
+#[test]
+fn a_finished_call_is_forgotten_once_its_guest_heard_the_end() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.frame(1, start("vs_a", None));
+    t.frame(
+        1,
+        Frame::SessionEnd(SessionEnd {
+            session_id: "vs_a".into(),
+            reason: "caller_hung_up".into(),
+            duration_ms: 1,
+        }),
+    );
+    assert_eq!(t.router.calls(), 1);
+    let events = t.events("vs_a");
+    assert!(matches!(events.last(), Some(GuestEvent::End { .. })));
+    assert_eq!(t.router.calls(), 0);
+    assert!(t.router.call("vs_a").is_none());
+}
+
+#[test]
+fn stop_closes_every_connection_and_loses_every_call() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.frame(1, start("vs_a", None));
+    t.outputs();
+    t.router.stop();
+    let outputs = t.outputs();
+    assert!(outputs.contains(&Output::Close { conn: 1 }));
+    assert_eq!(t.events("vs_a"), [GuestEvent::Start, GuestEvent::Lost]);
+    assert_eq!(t.stats.connections_open.get(), 0);
+    t.router.closed(1, t.now);
+    assert!(t.dials().is_empty(), "a stopped router dials nothing");
+}

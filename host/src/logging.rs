@@ -1,0 +1,95 @@
+//! The host's log: `RUST_LOG` directives, except that the libraries that see secrets on the wire are held
+//! at `info` whatever they say (scenario `secrets_never_logged_at_trace`): tungstenite logs the upgrade
+//! request (with the API key) and every frame (with resume tokens) at `trace`; rustls, hyper and h2 see
+//! headers. What the host logs itself never carries a key or a token (see [`crate::protocol::loggable`]).
+
+use tracing::{Level, Metadata};
+use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt};
+use tracing_subscriber::layer::{Filter, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
+
+/// The log targets held at `info`.
+pub const HELD_AT_INFO: [&str; 6] = [
+    "tungstenite",
+    "tokio_tungstenite",
+    "rustls",
+    "hyper",
+    "hyper_util",
+    "h2",
+];
+
+/// Whether an event or span of `metadata` may be logged at all, whatever the directives say.
+pub fn allowed(metadata: &Metadata<'_>) -> bool {
+    let target = metadata.target();
+    let held = HELD_AT_INFO.iter().any(|held| {
+        target
+            .strip_prefix(held)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    });
+    !held || *metadata.level() <= Level::INFO
+}
+
+/// `directives` (`RUST_LOG`'s syntax; `default` when they do not parse or are absent), with the held
+/// targets capped at `info`.
+pub fn filter<S>(directives: Option<&str>, default: &str) -> impl Filter<S> + Send + Sync + 'static
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let env = directives
+        .and_then(|d| EnvFilter::try_new(d).ok())
+        .unwrap_or_else(|| EnvFilter::new(default));
+    env.and(filter_fn(allowed))
+}
+
+/// Logs to stderr as `RUST_LOG` says (`default` without it), plain text unless stderr is a terminal.
+pub fn init(default: &str) {
+    let directives = std::env::var("RUST_LOG").ok();
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(filter(directives.as_deref(), default));
+    let _ = tracing_subscriber::registry().with(layer).try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metadata_allowed(target: &'static str, level: Level) -> bool {
+        struct Callsite;
+        impl tracing::callsite::Callsite for Callsite {
+            fn set_interest(&self, _: tracing::subscriber::Interest) {}
+            fn metadata(&self) -> &Metadata<'_> {
+                unimplemented!()
+            }
+        }
+        static CALLSITE: Callsite = Callsite;
+        let metadata = Metadata::new(
+            "event",
+            target,
+            level,
+            None,
+            None,
+            None,
+            tracing::field::FieldSet::new(&[], tracing::callsite::Identifier(&CALLSITE)),
+            tracing::metadata::Kind::EVENT,
+        );
+        allowed(&metadata)
+    }
+
+    #[test]
+    fn the_libraries_that_see_secrets_are_held_at_info() {
+        assert!(!metadata_allowed(
+            "tungstenite::handshake::client",
+            Level::TRACE
+        ));
+        assert!(!metadata_allowed("tungstenite", Level::DEBUG));
+        assert!(!metadata_allowed("rustls::client", Level::TRACE));
+        assert!(metadata_allowed("tungstenite::protocol", Level::INFO));
+        assert!(metadata_allowed("tungstenite", Level::WARN));
+        // Only whole path segments: another crate whose name starts the same is not held.
+        assert!(metadata_allowed("hyperion", Level::TRACE));
+        assert!(metadata_allowed("voicehost::agent", Level::TRACE));
+    }
+}
