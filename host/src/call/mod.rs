@@ -577,11 +577,10 @@ impl Call {
                 if on == conn && error.frame_type.as_deref() == Some("tool.call") =>
             {
                 // [scenario: refused_tool_call_answered] Sent refused a tool call: its newest waiting call
-                // (a handler waits on one at a time) gets Sent's code at once. The refused frame had no
-                // effect and is not in Sent's count, so it leaves ours too.
+                // (a handler waits on one at a time) gets Sent's code at once. Sent read the frame on the
+                // call's own connection, so it counts on both sides, as every frame read there does.
                 if let Some(at) = self.waiting.iter().rposition(|w| self.is_handed(w.n)) {
                     let waiting = self.waiting.remove(at);
-                    self.uncount_tool(waiting.n);
                     let answer = ToolAnswer {
                         call_ref: call_ref(waiting.n),
                         ok: false,
@@ -600,13 +599,6 @@ impl Call {
             Some(at) => self.before + (at as u64) < self.handed,
             // Out of the kept frames: long since handed.
             None => true,
-        }
-    }
-
-    fn uncount_tool(&mut self, n: u64) {
-        if let Some(at) = self.kept.iter().position(|k| k.tool == Some(n)) {
-            self.kept.remove(at);
-            self.handed = self.handed.saturating_sub(1);
         }
     }
 

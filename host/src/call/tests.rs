@@ -359,11 +359,11 @@ fn refused_tool_call_answered() {
     assert!(
         matches!(&t.events()[..], [GuestEvent::ToolResult(a)] if a.error.as_ref().is_some_and(|e| e.0 == "tool_not_allowed"))
     );
-    // The refused frame left the count: a resume that says Sent read 2 sends nothing again.
-    assert_eq!(t.call.counts().1, 2);
+    // Sent read the refused frame on the call's connection: it counts, and is not sent again.
+    assert_eq!(t.call.counts().1, 3);
     t.move_to(OTHER);
     t.written();
-    t.resumed(OTHER, 2, None);
+    t.resumed(OTHER, 3, None);
     assert!(t.written().is_empty());
 }
 

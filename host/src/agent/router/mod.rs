@@ -13,15 +13,22 @@ use crate::stats::Stats;
 use bytes::Bytes;
 use sentdm_voice_agents::frames::{ConnectionReady, ErrorFrame, SessionResumed, SessionStart};
 use serde_json::{Map, Value};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(test)]
+mod properties;
 #[cfg(test)]
 mod tests;
 
 /// Connections beyond the ones asked for that `connection_full` may add, at most.
 pub const EXTRA_CONNECTIONS: usize = 8;
+
+/// Session ids of finished calls remembered, at most, and for how long: a `session.start` for one of them
+/// is a duplicate, not a new call (Sent never reuses a session id).
+pub const RECENT_SESSIONS: usize = 4096;
+pub const RECENT_FOR: Duration = Duration::from_secs(600);
 
 /// How long an extra connection (or a drained one Sent keeps open) may sit empty before it is closed.
 pub const IDLE_RETIRE: Duration = Duration::from_secs(10);
@@ -75,6 +82,9 @@ pub struct Router {
     calls: BTreeMap<CallKey, Call>,
     /// Session id → call: the one place a session id is looked up.
     sessions: HashMap<String, CallKey>,
+    /// Session ids of calls forgotten lately, oldest first.
+    recent: VecDeque<(Instant, String)>,
+    recent_ids: HashSet<String>,
     /// When each call next has something due, for [`Router::deadline`].
     deadlines: BTreeSet<(Instant, CallKey)>,
     next_conn: ConnId,
@@ -101,6 +111,8 @@ impl Router {
             dialing: BTreeMap::new(),
             calls: BTreeMap::new(),
             sessions: HashMap::new(),
+            recent: VecDeque::new(),
+            recent_ids: HashSet::new(),
             deadlines: BTreeSet::new(),
             next_conn: 1,
             next_key: 1,
@@ -440,7 +452,10 @@ impl Router {
             return;
         }
         // [scenario: duplicate_session_start_ignored] A session id already here is not a new call.
-        if self.sessions.contains_key(&start.session_id) {
+        self.forget_old(RECENT_SESSIONS);
+        if self.sessions.contains_key(&start.session_id)
+            || self.recent_ids.contains(&start.session_id)
+        {
             tracing::warn!(
                 conn,
                 session = start.session_id,
@@ -655,6 +670,27 @@ impl Router {
         }
     }
 
+    /// Keeps a finished call's session id for a while, within bounds.
+    fn remember(&mut self, session_id: String) {
+        self.forget_old(RECENT_SESSIONS - 1);
+        if self.recent_ids.insert(session_id.clone()) {
+            self.recent.push_back((self.now, session_id));
+        }
+    }
+
+    /// Forgets remembered session ids past their time, and the oldest beyond `keep`.
+    fn forget_old(&mut self, keep: usize) {
+        while let Some((at, _)) = self.recent.front() {
+            let old = self.now.duration_since(*at) > RECENT_FOR;
+            if !old && self.recent.len() <= keep {
+                break;
+            }
+            if let Some((_, id)) = self.recent.pop_front() {
+                self.recent_ids.remove(&id);
+            }
+        }
+    }
+
     /// Runs `f` on a call and keeps the index (sessions and streams per connection, deadlines) in step
     /// with where the call is afterwards; forgets the call once it is finished and its guest knows.
     fn with_call<R>(
@@ -673,6 +709,7 @@ impl Router {
                 if self.sessions.get(call.session_id()) == Some(&key) {
                     self.sessions.remove(call.session_id());
                 }
+                self.remember(call.session_id().to_string());
             }
             if let Some(next) = next {
                 self.deadlines.remove(&(next, key));

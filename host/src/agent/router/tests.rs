@@ -163,6 +163,31 @@ fn duplicate_session_start_ignored() {
 }
 
 #[test]
+fn a_session_start_for_a_call_that_finished_is_a_duplicate_too() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.frame(1, start("vs_a", None));
+    t.frame(
+        1,
+        Frame::SessionEnd(SessionEnd {
+            session_id: "vs_a".into(),
+            reason: "caller_hung_up".into(),
+            duration_ms: 1,
+        }),
+    );
+    t.events("vs_a");
+    assert_eq!(t.router.calls(), 0);
+    t.frame(1, start("vs_a", None));
+    assert_eq!(t.router.calls(), 0, "not a new call");
+    // Remembered for a while only.
+    t.later(RECENT_FOR + Duration::from_secs(1));
+    t.frame(1, start("vs_b", None));
+    t.frame(1, start("vs_a", None));
+    assert_eq!(t.router.calls(), 2);
+}
+
+#[test]
 fn a_stream_another_call_holds_on_the_connection_is_refused() {
     let mut t = Test::new(1);
     t.dials();
