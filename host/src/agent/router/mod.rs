@@ -145,9 +145,11 @@ impl Router {
     /// The earliest moment something is due ([`Router::timeout`] then).
     pub fn deadline(&self) -> Option<Instant> {
         let calls = self.deadlines.first().map(|(at, _)| *at);
+        // Only connections that may be retired; a connection asked for stays, empty or not.
         let idle = self
             .conns
             .values()
+            .filter(|c| (c.extra || c.draining) && !c.closing)
             .filter_map(|c| c.empty_since)
             .min()
             .map(|since| since + IDLE_RETIRE);
@@ -646,7 +648,7 @@ impl Router {
         let mut surplus = open.saturating_sub(self.config.connections);
         let homeless = self.homeless();
         let mut closing = Vec::new();
-        for (id, c) in &self.conns {
+        for (id, c) in &mut self.conns {
             let idle = c
                 .empty_since
                 .is_some_and(|since| now.duration_since(since) >= IDLE_RETIRE);
@@ -658,6 +660,9 @@ impl Router {
             } else if c.extra && surplus > 0 && !homeless {
                 surplus -= 1;
                 closing.push(*id);
+            } else if c.extra {
+                // Needed for now (another one is down, or a call waits): looked at again later.
+                c.empty_since = Some(now);
             }
         }
         for conn in closing {

@@ -390,6 +390,20 @@ fn extra_connections_retired() {
 }
 
 #[test]
+fn nothing_is_due_for_a_connection_asked_for_however_long_it_is_empty() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.later(IDLE_RETIRE * 3);
+    assert_eq!(
+        t.router.deadline(),
+        None,
+        "the router task would wake for nothing"
+    );
+    assert!(t.outputs().is_empty());
+}
+
+#[test]
 fn audio_is_routed_by_stream_on_its_connection_only() {
     let mut t = Test::new(2);
     t.dials();
