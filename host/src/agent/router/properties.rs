@@ -16,7 +16,8 @@
 //!   its own there now, or after its end or loss; nothing written on a connection the router knows is
 //!   closed;
 //! * every tool call of a guest answered exactly once;
-//! * every call ends or is lost once, and its guest hears of it once, last.
+//! * every call ends or is lost once, and its guest hears of it once, last;
+//! * after a timeout, nothing is still due (the router's task never spins).
 //!
 //! The model's guests keep at most one tool call waiting, as a handler waiting in `tool` does: an
 //! `error` refusing a `tool.call` does not name the call, so the router answers the newest one waiting
@@ -1053,6 +1054,11 @@ impl World {
     fn tick(&mut self, by: Duration) {
         self.now += by;
         self.router.timeout(self.now);
+        // What was due has been done: the router's next deadline is later (else its task would spin).
+        if let Some(next) = self.router.deadline().filter(|next| *next <= self.now) {
+            let what = format!("after a timeout the next deadline is still due ({:?} ago)", self.now - next);
+            self.violation(what);
+        }
         self.drain_outputs();
     }
 
