@@ -261,24 +261,34 @@ fn info_of(start: &SessionStart, media: Media) -> CallInfo {
     }
 }
 
-/// A call being served: listed live, holding its room under its caps, until dropped; then its machine
-/// forgets it once it is finished.
-struct Serving {
+/// A call's task has stopped: its machine is told, and forgets the call once it is finished.
+struct Released {
     agent: Arc<Agent>,
     key: CallKey,
-    session_id: String,
-    _permit: Option<Permit>,
 }
 
-impl Drop for Serving {
+impl Drop for Released {
     fn drop(&mut self) {
-        self.agent.stats.live_end(&self.session_id);
         let key = self.key;
         self.agent.with(|shared| {
             shared.router.release(key);
             shared.wakers.remove(&key);
             shared.waiters.retain(|(k, _), _| *k != key);
         });
+    }
+}
+
+/// A call being served: listed live, holding its room under its caps, until dropped.
+struct Serving {
+    _released: Released,
+    stats: Arc<Stats>,
+    session_id: String,
+    _permit: Permit,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.stats.live_end(&self.session_id);
     }
 }
 
@@ -303,21 +313,6 @@ pub(super) async fn run(
     let info = info_of(&start, media);
     let session_id = start.session_id.clone();
     let stats = agent.stats.clone();
-    stats.live_start(
-        &session_id,
-        LiveSession {
-            call: info.clone(),
-            version: deployment.version,
-        },
-    );
-    let admitted = permit.is_some();
-    // Off the live list, out of its caps, and forgotten by the router however the task ends.
-    let _serving = Serving {
-        agent: agent.clone(),
-        key,
-        session_id: session_id.clone(),
-        _permit: permit,
-    };
     let task = Task {
         agent: agent.clone(),
         key,
@@ -325,15 +320,37 @@ pub(super) async fn run(
         session_id: session_id.clone(),
         rules: deployment.rules.clone(),
     };
-    if !admitted {
+    let Some(permit) = permit else {
+        // Never listed live: it holds no room under the caps, and no instance.
         tracing::warn!(
             session = session_id,
             "over the session cap: applying the failure policy"
         );
         stats.sessions_refused.inc();
+        let _released = Released {
+            agent: agent.clone(),
+            key,
+        };
         task.give_up().await;
         return;
-    }
+    };
+    stats.live_start(
+        &session_id,
+        LiveSession {
+            call: info.clone(),
+            version: deployment.version,
+        },
+    );
+    // Off the live list, out of its caps, and forgotten by the router however the task ends.
+    let _serving = Serving {
+        _released: Released {
+            agent: agent.clone(),
+            key,
+        },
+        stats: stats.clone(),
+        session_id: session_id.clone(),
+        _permit: permit,
+    };
     let port: Arc<dyn Calls> = Arc::new(Port {
         agent,
         key,

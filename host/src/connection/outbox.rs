@@ -78,8 +78,8 @@ impl Outbox {
         self.wake.notify_one();
     }
 
-    /// Queues an audio message of `key`'s; at most `backlog` bytes of its audio wait: the oldest goes
-    /// first. Returns how many messages were dropped.
+    /// Queues an audio message of `key`'s (stream number, then samples); at most `backlog` bytes of its
+    /// samples wait: the oldest message goes first. Returns how many messages were dropped.
     pub fn audio(&self, key: CallKey, message: Bytes, backlog: usize) -> usize {
         let mut state = self.state();
         if state.writer_gone || state.close.is_some() {
@@ -87,16 +87,17 @@ impl Outbox {
         }
         let mut dropped = 0;
         let mut queued = state.calls.get(&key).copied().unwrap_or_default();
-        while queued.audio_bytes > 0 && queued.audio_bytes + message.len() > backlog {
+        let samples = samples_of(&message);
+        while queued.audio_bytes > 0 && queued.audio_bytes + samples > backlog {
             let Some(at) = state.data.iter().position(|i| i.key == key && i.audio) else {
                 break;
             };
             if let Some(item) = state.data.remove(at) {
-                queued.audio_bytes -= len_of(&item.message);
+                queued.audio_bytes -= samples_of_message(&item.message);
                 dropped += 1;
             }
         }
-        queued.audio_bytes += message.len();
+        queued.audio_bytes += samples;
         state.calls.insert(key, queued);
         state.data.push_back(Item {
             key,
@@ -190,7 +191,7 @@ impl Outbox {
             bytes += len;
             if let Some(queued) = state.calls.get_mut(&item.key) {
                 if item.audio {
-                    queued.audio_bytes -= len;
+                    queued.audio_bytes -= samples_of_message(&item.message);
                 } else {
                     queued.frames -= 1;
                 }
@@ -229,6 +230,18 @@ impl std::fmt::Debug for Outbox {
             .field("control", &state.control.len())
             .field("data", &state.data.len())
             .finish()
+    }
+}
+
+/// The bytes of samples in an audio message (the stream number aside).
+fn samples_of(message: &[u8]) -> usize {
+    message.len().saturating_sub(crate::protocol::AUDIO_HEADER)
+}
+
+fn samples_of_message(message: &Message) -> usize {
+    match message {
+        Message::Binary(data) => samples_of(data),
+        _ => 0,
     }
 }
 
@@ -276,7 +289,7 @@ mod tests {
         let outbox = Outbox::default();
         let mut dropped = 0;
         for n in 0..100u8 {
-            dropped += outbox.audio(CallKey(1), Bytes::from(vec![n; 642]), 642 * 50);
+            dropped += outbox.audio(CallKey(1), Bytes::from(vec![n; 642]), 640 * 50);
         }
         assert_eq!(dropped, 50);
         let batch = outbox.take();
@@ -286,6 +299,17 @@ mod tests {
         };
         assert_eq!(first, 50, "the newest 50 stay");
         assert_eq!(batch.messages.len(), 50);
+    }
+
+    #[test]
+    fn oversized_audio_is_cut_into_messages_that_all_fit_the_backlog() {
+        // One second at 16 kHz, as five messages of 200 ms: the backlog of one second holds them all.
+        let outbox = Outbox::default();
+        let dropped: usize = (0..5)
+            .map(|_| outbox.audio(CallKey(1), Bytes::from(vec![0; 2 + 6400]), 32_000))
+            .sum();
+        assert_eq!(dropped, 0);
+        assert_eq!(outbox.take().messages.len(), 5);
     }
 
     #[test]

@@ -58,13 +58,22 @@ impl Host {
 
     /// A host serving the component `wasm`.
     pub async fn serve(wasm: &[u8], rules: CallRules) -> Host {
-        init_tracing();
-        let sim = Sim::start_local(SimConfig {
+        let config = SimConfig {
             heartbeat_interval_ms: 1000,
             ..SimConfig::default()
-        })
-        .await
-        .unwrap();
+        };
+        Host::serve_with(wasm, rules, 1, config).await
+    }
+
+    /// A host serving the component `wasm` with `connections` to Sent, on a simulator started with `sim`.
+    pub async fn serve_with(
+        wasm: &[u8],
+        rules: CallRules,
+        connections: usize,
+        sim: SimConfig,
+    ) -> Host {
+        init_tracing();
+        let sim = Sim::start_local(sim).await.unwrap();
         let code = sandbox().load(wasm).expect("the component loads");
         let config = AgentConfig::fixed(
             Dial::new(
@@ -74,7 +83,7 @@ impl Host {
             ),
             code,
             rules,
-            1,
+            connections,
         );
         let (stop, stopped) = watch::channel(false);
         let stats = Arc::new(Stats::default());

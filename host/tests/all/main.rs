@@ -8,5 +8,6 @@ mod harness;
 mod hosting;
 mod operator;
 mod outbound;
+mod pressure;
 mod suite;
 mod tenancy;

@@ -1,9 +1,31 @@
 //! sentsim: Sent's side of the Sent Voice Agents protocol (`sent.voice.v1`) on loopback, a recorder of every
 //! frame both ways, and a conformance scenario suite that runs against any agent: the official SDK's
 //! conformance agent in-process, an agent process that connects to `sentsim conformance --listen`, or
-//! voicehost.
+//! voicehost. A second list, [`pressure`], puts Sent under timing pressure and at its limits, one agent
+//! per scenario.
+
+/// Declares `SCENARIOS`, a module's list of [`scenarios::Scenario`]s in the order they run: one line per
+/// scenario, `name: "meaning",` for one that needs nothing but the conformance agent, or
+/// `name [needs]: "meaning",` with a [`scenarios::Needs`]. Each `name` is an `async fn(&Ctx) -> Result<()>`
+/// of the module.
+macro_rules! scenarios {
+    ($($name:ident $([$needs:expr])?: $meaning:literal,)*) => {
+        /// Every scenario, in the order the suite runs them.
+        pub const SCENARIOS: &[$crate::scenarios::Scenario] = &[
+            $($crate::scenarios::Scenario {
+                name: stringify!($name),
+                meaning: $meaning,
+                needs: scenarios!(@needs $($needs)?),
+                run: |ctx| Box::pin($name(ctx)),
+            },)*
+        ];
+    };
+    (@needs) => { $crate::scenarios::Needs::CONFORMANCE };
+    (@needs $needs:expr) => { $needs };
+}
 
 pub mod calls;
+pub mod pressure;
 pub mod record;
 pub mod scenarios;
 pub mod sim;
@@ -11,5 +33,8 @@ pub mod suite;
 pub mod wire;
 
 pub use record::{Dir, Record, Recorder, Violation, What};
-pub use sim::{Call, CallState, ConnHandle, ConnPlan, Kind, SessionSpec, Sim, SimConfig, ToolPlan};
+pub use sim::{
+    Call, CallState, CloseAfterReady, ConnHandle, ConnPlan, Kind, SessionSpec, Sim, SimConfig,
+    ToolPlan,
+};
 pub use suite::{Outcome, Profile, Report};

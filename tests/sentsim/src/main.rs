@@ -73,8 +73,12 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         wait_s: u64,
     },
-    /// List the scenarios with their one-line meaning.
-    Scenarios,
+    /// List the scenarios with their one-line meaning (`--pressure`: the pressure scenarios instead).
+    Scenarios {
+        /// The pressure scenarios (Sent under timing pressure and at its limits), one agent each.
+        #[arg(long)]
+        pressure: bool,
+    },
 }
 
 #[tokio::main]
@@ -86,8 +90,13 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Scenarios => {
-            for scenario in SCENARIOS {
+        Command::Scenarios { pressure } => {
+            let list = if pressure {
+                sentsim::pressure::SCENARIOS
+            } else {
+                SCENARIOS
+            };
+            for scenario in list {
                 println!("{}: {}", scenario.name, scenario.meaning);
             }
             Ok(())

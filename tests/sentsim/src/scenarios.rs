@@ -19,15 +19,65 @@ pub const GREETING: &str = "Hello from the conformance agent.";
 pub struct Scenario {
     pub name: &'static str,
     pub meaning: &'static str,
+    /// What it needs of the agent and of whoever serves it.
+    pub needs: Needs,
     pub run: for<'a> fn(&'a Ctx) -> BoxFuture<'a, Result<()>>,
 }
 
-macro_rules! scenarios {
-    ($($name:ident: $meaning:literal,)*) => {
-        /// Every scenario, in the order the suite runs them.
-        pub const SCENARIOS: &[Scenario] = &[
-            $(Scenario { name: stringify!($name), meaning: $meaning, run: |ctx| Box::pin($name(ctx)) },)*
-        ];
+/// What a scenario needs of the agent under test and of whoever serves it, so that a test can start them
+/// to fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    pub agent: AgentKind,
+    /// `resume.window_ms` that Sent gives every session (`None`: the [`crate::SimConfig`]'s).
+    pub window_ms: Option<u64>,
+    /// Settings of voicehost's: a scenario that needs any of them runs against voicehost only.
+    pub host: HostSettings,
+}
+
+impl Needs {
+    /// The conformance agent, whoever implements it, and nothing else: every conformance scenario.
+    pub const CONFORMANCE: Needs = Needs {
+        agent: AgentKind::Conformance,
+        window_ms: None,
+        host: HostSettings::DEFAULT,
+    };
+
+    /// Whether any conformance agent (the official SDK's too) can run the scenario: it needs no guest of
+    /// voicehost's and no setting of voicehost's (a setting of Sent's, such as `window_ms`, is fine).
+    pub fn any_conformance_agent(&self) -> bool {
+        self.agent == AgentKind::Conformance && self.host == HostSettings::DEFAULT
+    }
+}
+
+/// The agent a scenario talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentKind {
+    /// The conformance agent of `protocol.md` §9.2, whoever implements it.
+    Conformance,
+    /// voicehost's Rust conformance component (`examples/conformance`): §9.2 plus `panic`, which traps
+    /// its instance.
+    VoicehostConformance,
+    /// voicehost's test guest `examples/prober`: audio of its own, floods, oversized sends.
+    Prober,
+}
+
+/// What a scenario needs voicehost to be started with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostSettings {
+    /// How long a tool call waits for Sent's answer (`CallLimits::tool_timeout`); `None`: the default.
+    pub tool_timeout_ms: Option<u64>,
+    /// The failure policy transfers the call to this number (`kind: number`); `None`: it hangs up.
+    pub transfer_to: Option<&'static str>,
+    /// Connections to Sent the agent holds at once.
+    pub connections: usize,
+}
+
+impl HostSettings {
+    pub const DEFAULT: HostSettings = HostSettings {
+        tool_timeout_ms: None,
+        transfer_to: None,
+        connections: 1,
     };
 }
 

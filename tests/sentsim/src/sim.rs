@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 
 /// The agent the official conformance program connects as, and the key it uses.
@@ -57,6 +57,15 @@ pub struct SimConfig {
     pub pong_intervals: u32,
     /// Who may connect as which agent.
     pub accounts: Vec<Account>,
+    /// `SO_RCVBUF` of Sent's sockets (set on the listener, so the TCP window is sized from it), and a small
+    /// read buffer in front of them: while a connection's reading is paused
+    /// ([`ConnHandle::pause_reading`]), what Sent's side holds unread stays small. `None`: the system's.
+    pub recv_buffer_bytes: Option<u32>,
+    /// The largest TCP segment Sent takes (`TCP_MAXSEG` on the listener, announced to the agent). On loopback
+    /// the segment is 64 KiB, and the agent's kernel sizes its send buffer in segments; small segments keep
+    /// what the agent's kernel buffers for a paused Sent to about 100-200 KB on a fresh connection. `None`:
+    /// the system's.
+    pub max_segment_bytes: Option<u32>,
 }
 
 impl Default for SimConfig {
@@ -78,6 +87,8 @@ impl Default for SimConfig {
                     agents: vec!["agent_other".into()],
                 },
             ],
+            recv_buffer_bytes: None,
+            max_segment_bytes: None,
         }
     }
 }
@@ -95,6 +106,24 @@ pub struct ConnPlan {
     pub prestart: Vec<SessionSpec>,
     /// Wait this long before answering a `session.resume` on this connection.
     pub resume_delay: Duration,
+    /// `connection.ready` and the `prestart` session.starts (and a close that `close_after_ready` asks for)
+    /// go out in one write: fed to the socket back to back and flushed once, so the agent reads them
+    /// together. Otherwise each message is flushed on its own.
+    pub one_write: bool,
+    /// Right after `connection.ready` (and the `prestart` sessions), Sent ends the connection this way.
+    pub close_after_ready: Option<CloseAfterReady>,
+    /// `session.resumed` on this connection carries no `audio`, even for a live audio session: the session
+    /// has no stream here (Sent's mistake), so audio the agent sends for it can only be misplaced.
+    pub resume_without_audio: bool,
+}
+
+/// How Sent ends a connection right after `connection.ready`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseAfterReady {
+    /// No close frame: the socket drops.
+    Abrupt,
+    /// A close frame with this code, then the socket closes.
+    Close(u16),
 }
 
 /// The kind of call a session carries.
@@ -141,6 +170,10 @@ pub enum ToolPlan {
     Fail(String),
     /// No answer until the scenario gives one with [`Call::answer`].
     Hold,
+    /// Sent refuses the `tool.call` itself: an `error` frame with this code, the session's id and
+    /// `frame_type: "tool.call"`. The refusal has no effect on the call and no `tool.result` follows, but
+    /// Sent read the frame on the session's own connection, so it counts (as every frame read there does).
+    Refuse(String),
 }
 
 // ----- the state -----
@@ -152,6 +185,8 @@ enum Out {
     Close(u16),
     /// The socket drops with no close frame, as a crashed peer or a cut cable.
     Kill,
+    /// These, fed back to back and flushed once (a `Close` or `Kill` among them ends the batch).
+    Batch(Vec<Out>),
 }
 
 struct Conn {
@@ -169,6 +204,13 @@ struct Conn {
     streams: HashMap<u16, String>,
     pings: HashSet<i64>,
     last_pong: Instant,
+    /// Sent does not read the socket while this is true (the agent's writes back up).
+    paused: tokio::sync::watch::Sender<bool>,
+    /// A stream number is free again once its session has ended (by default it stays taken).
+    reuse_streams: bool,
+    resume_without_audio: bool,
+    /// While set, what Sent sends here is gathered for one write instead of going out.
+    batch: Option<Vec<Out>>,
 }
 
 impl Conn {
@@ -195,7 +237,9 @@ struct Sess {
     /// The agent's counted frames Sent read.
     received: usize,
     /// Sent answers the next resume with this `received` instead of the true count.
-    pretend_received: Option<usize>,
+    pretend_received: Option<u64>,
+    /// The session.start as sent, for a duplicate.
+    start: String,
     /// A `session.resume` arrived on this connection and is not answered yet.
     resuming: Option<u32>,
     /// The connection the session was on before its last resume: frames the agent sent there before it
@@ -219,6 +263,8 @@ struct State {
     next_session: u64,
     next_token: u64,
     attempts: usize,
+    /// Every handshake is refused with this status, until told otherwise.
+    refuse_all: Option<u16>,
     plans: VecDeque<ConnPlan>,
     conns: BTreeMap<u32, Conn>,
     sessions: HashMap<String, Sess>,
@@ -255,7 +301,7 @@ pub struct CallState {
 impl Sim {
     /// Starts the simulator on `addr` (use port 0 for any free port on loopback).
     pub async fn start(config: SimConfig, addr: &str) -> Result<Sim> {
-        let listener = TcpListener::bind(addr)
+        let listener = listen(&config, addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let addr = listener.local_addr()?;
@@ -269,6 +315,7 @@ impl Sim {
                     next_session: 1,
                     next_token: 1,
                     attempts: 0,
+                    refuse_all: None,
                     plans: VecDeque::new(),
                     conns: BTreeMap::new(),
                     sessions: HashMap::new(),
@@ -440,6 +487,22 @@ impl Sim {
         }
     }
 
+    /// Refuses every handshake with `status` (a transient one such as 503, as an unreachable Sent) until
+    /// called again with `None`.
+    pub fn refuse_all(&self, status: Option<u16>) {
+        self.state().refuse_all = status;
+    }
+
+    /// The connections open now (ready or not, draining or not), of one agent or of all, oldest first.
+    pub fn open_connections(&self, agent: Option<&str>) -> Vec<ConnHandle> {
+        self.state()
+            .conns
+            .iter()
+            .filter(|(_, c)| c.open && agent.is_none_or(|a| a == c.agent))
+            .map(|(id, _)| self.conn(*id))
+            .collect()
+    }
+
     /// Ends every live session with `caller_hung_up`, forgets detached ones and drops unused connection
     /// plans: a clean slate for the next scenario on the same agent.
     pub fn end_all(&self) {
@@ -489,7 +552,13 @@ impl Sim {
             );
             Ok(response)
         };
-        let socket = tokio_tungstenite::accept_hdr_async(stream, callback).await;
+        // With a small receive buffer, a small read buffer too: what a paused reader holds stays small.
+        let config =
+            self.inner.config.recv_buffer_bytes.map(|bytes| {
+                WebSocketConfig::default().read_buffer_size((bytes as usize).max(4096))
+            });
+        let socket =
+            tokio_tungstenite::accept_hdr_async_with_config(stream, callback, config).await;
         let socket = match socket {
             Ok(socket) => socket,
             Err(error) => {
@@ -506,6 +575,7 @@ impl Sim {
             let mut state = self.state();
             state.plans.pop_front().unwrap_or_default()
         };
+        let (paused, mut paused_rx) = tokio::sync::watch::channel(false);
         let id = {
             let mut state = self.state();
             let id = state.next_conn;
@@ -525,6 +595,10 @@ impl Sim {
                     streams: HashMap::new(),
                     pings: HashSet::new(),
                     last_pong: Instant::now(),
+                    paused,
+                    reuse_streams: false,
+                    resume_without_audio: plan.resume_without_audio,
+                    batch: None,
                 },
             );
             self.inner
@@ -538,20 +612,41 @@ impl Sim {
         let writer = tokio::spawn(async move {
             let _alive = writer_alive;
             while let Some(out) = outgoing.recv().await {
-                let result = match out {
-                    Out::Text(text) => sink.send(Message::Text(text.into())).await,
-                    Out::Binary(data) => sink.send(Message::Binary(data.into())).await,
-                    Out::Close(code) => {
-                        let frame = CloseFrame {
-                            code: CloseCode::from(code),
-                            reason: "".into(),
-                        };
-                        let _ = sink.send(Message::Close(Some(frame))).await;
-                        return Some(sink);
-                    }
-                    Out::Kill => return None,
+                let (items, flush_each) = match out {
+                    Out::Batch(items) => (items, false),
+                    out => (vec![out], true),
                 };
-                if result.is_err() {
+                for out in items {
+                    let message = match out {
+                        Out::Text(text) => Message::Text(text.into()),
+                        Out::Binary(data) => Message::Binary(data.into()),
+                        Out::Close(code) => {
+                            let frame = CloseFrame {
+                                code: CloseCode::from(code),
+                                reason: "".into(),
+                            };
+                            let _ = sink.send(Message::Close(Some(frame))).await;
+                            return Some(sink);
+                        }
+                        Out::Kill => {
+                            // What a batch fed before it goes out first.
+                            if !flush_each {
+                                let _ = sink.flush().await;
+                            }
+                            return None;
+                        }
+                        Out::Batch(_) => continue,
+                    };
+                    let result = if flush_each {
+                        sink.send(message).await
+                    } else {
+                        sink.feed(message).await
+                    };
+                    if result.is_err() {
+                        return None;
+                    }
+                }
+                if !flush_each && sink.flush().await.is_err() {
                     return None;
                 }
             }
@@ -563,6 +658,11 @@ impl Sim {
         }
         {
             let mut state = self.state();
+            if plan.one_write {
+                if let Some(conn) = state.conns.get_mut(&id) {
+                    conn.batch = Some(Vec::new());
+                }
+            }
             let max_sessions = state.conns.get(&id).map_or(1, |c| c.max_sessions);
             self.send_conn_frame(
                 &mut state,
@@ -578,15 +678,55 @@ impl Sim {
                 conn.last_pong = Instant::now();
             }
             for spec in &plan.prestart {
-                self.start_locked(&mut state, id, spec);
+                self.start_locked(&mut state, id, spec, None);
+            }
+            // A close right after: in the same write when the plan asks for one write.
+            let (last, how) = match plan.close_after_ready {
+                None => (None, None),
+                Some(CloseAfterReady::Abrupt) => (Some(Out::Kill), Some("dropped by Sent".into())),
+                Some(CloseAfterReady::Close(code)) => (
+                    Some(Out::Close(code)),
+                    Some(format!("closed by Sent with {code}")),
+                ),
+            };
+            if let Some(conn) = state.conns.get_mut(&id) {
+                match conn.batch.take() {
+                    Some(mut batch) => {
+                        batch.extend(last);
+                        let _ = conn.out.send(Out::Batch(batch));
+                    }
+                    None => {
+                        if let Some(last) = last {
+                            let _ = conn.out.send(last);
+                        }
+                    }
+                }
+            }
+            if let Some(how) = how {
+                // Sent knows at once that the connection is gone (under the same lock as its
+                // connection.ready): its sessions are detached from now on.
+                self.closed_locked(&mut state, id, &how, false);
             }
         }
         let heartbeat = self.clone();
         let pinger = tokio::spawn(async move { heartbeat.heartbeat(id).await });
-        let how = loop {
+        let how = 'reading: loop {
+            // Paused: Sent reads nothing, so the agent's writes back up in the socket.
+            while *paused_rx.borrow_and_update() {
+                tokio::select! {
+                    biased;
+                    _ = &mut writer_gone => break 'reading "closed by Sent".to_string(),
+                    changed = paused_rx.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
             let message = tokio::select! {
                 biased;
                 _ = &mut writer_gone => break "closed by Sent".to_string(),
+                _ = paused_rx.changed() => continue,
                 message = source.next() => message,
             };
             let Some(message) = message else {
@@ -618,6 +758,9 @@ impl Sim {
         state.attempts += 1;
         if request.uri().path() != CONNECT_PATH {
             return Err(404);
+        }
+        if let Some(status) = state.refuse_all {
+            return Err(status);
         }
         if let Some(status) = state.plans.front().and_then(|p| p.refuse) {
             state.plans.pop_front();
@@ -675,6 +818,10 @@ impl Sim {
             if conn.muted {
                 continue;
             }
+            if *conn.paused.borrow() {
+                // Sent reads nothing: the pongs wait in the socket, through no fault of the agent's.
+                conn.last_pong = Instant::now();
+            }
             if conn.last_pong.elapsed() > allowed {
                 tracing::info!(conn = id, "no pong: dropping the agent");
                 let _ = conn.out.send(Out::Close(1008));
@@ -688,6 +835,10 @@ impl Sim {
 
     fn closed(&self, id: u32, how: &str, clean_close_by_agent: bool) {
         let mut state = self.state();
+        self.closed_locked(&mut state, id, how, clean_close_by_agent);
+    }
+
+    fn closed_locked(&self, state: &mut State, id: u32, how: &str, clean_close_by_agent: bool) {
         let Some(conn) = state.conns.get_mut(&id) else {
             return;
         };
@@ -828,6 +979,32 @@ impl Sim {
             self.refuse(state, id, &refusal, Some(&session_id), Some(&frame_type));
             return;
         }
+        // A tool.call Sent refuses by plan, on the session's own connection: Sent read it, so it counts
+        // (as every frame read on the session's connection does); it is answered with an error.
+        let refused_by_plan = match (&frame.frame, state.sessions.get(&session_id)) {
+            (Frame::ToolCall(call), Some(sess)) => match sess.tools.get(&call.name) {
+                Some(ToolPlan::Refuse(code)) => Some((code.clone(), call.call_ref.clone())),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some((code, call_ref)) = refused_by_plan {
+            recorder.push(id, Dir::FromAgent, Some(&session_id), frame_record(&frame));
+            if let Some(sess) = state.sessions.get_mut(&session_id) {
+                sess.received += 1;
+                sess.call_refs.insert(call_ref);
+            }
+            let frame = Frame::ErrorFrame(ErrorFrame {
+                error: ErrorInfo {
+                    message: "the simulator's script refuses this tool call".into(),
+                    code,
+                },
+                session_id: Some(session_id.clone()),
+                frame_type: Some(frame_type),
+            });
+            self.send_on(state, id, Some(&session_id), &frame);
+            return;
+        }
         recorder.push(id, Dir::FromAgent, Some(&session_id), frame_record(&frame));
         let Some(sess) = state.sessions.get_mut(&session_id) else {
             return;
@@ -841,7 +1018,7 @@ impl Sim {
             let call_ref = call.call_ref.clone();
             let name = call.name.clone();
             match plan {
-                ToolPlan::Hold => {}
+                ToolPlan::Hold | ToolPlan::Refuse(_) => {}
                 ToolPlan::Ok => self.answer_locked(state, &session_id, &call_ref, &name, None),
                 ToolPlan::Fail(code) => {
                     self.answer_locked(state, &session_id, &call_ref, &name, Some(code))
@@ -977,8 +1154,9 @@ impl Sim {
             }
             self.close_if_drained(state, old);
         }
+        let no_audio = state.conns.get(&id).is_some_and(|c| c.resume_without_audio);
         let stream = match (kind, ended) {
-            (Kind::Audio { .. }, false) => state.conns.get_mut(&id).map(|conn| {
+            (Kind::Audio { .. }, false) if !no_audio => state.conns.get_mut(&id).map(|conn| {
                 let stream = conn.free_stream();
                 conn.streams.insert(stream, session_id.to_string());
                 stream
@@ -994,12 +1172,17 @@ impl Sim {
         sess.conn = Some(id);
         sess.stream = stream;
         sess.detached_at = None;
-        let received = sess.pretend_received.take().unwrap_or(sess.received);
-        sess.received = received;
+        // What Sent claims it read. A claim below the truth is as if the rest were lost in the dying socket
+        // (the agent sends them again, and they count again); a claim above it changes nothing of Sent's
+        // own count.
+        let claimed = sess.pretend_received.take().unwrap_or(sess.received as u64);
+        sess.received = sess
+            .received
+            .min(usize::try_from(claimed).unwrap_or(usize::MAX));
         sess.token = (!ended).then_some(token.clone());
         let frame = Frame::SessionResumed(SessionResumed {
             session_id: session_id.to_string(),
-            received: received as i64,
+            received: i64::try_from(claimed).unwrap_or(i64::MAX),
             resume: (!ended).then(|| Resume {
                 token,
                 window_ms: self.inner.config.window_ms as i64,
@@ -1106,14 +1289,19 @@ impl Sim {
     }
 
     fn push_out(&self, state: &mut State, id: u32, session: Option<&str>, out: Out, what: What) {
-        let Some(conn) = state.conns.get(&id) else {
+        let Some(conn) = state.conns.get_mut(&id) else {
             return;
         };
         if !conn.open || conn.muted {
             return;
         }
         self.inner.recorder.push(id, Dir::ToAgent, session, what);
-        let _ = conn.out.send(out);
+        match &mut conn.batch {
+            Some(batch) => batch.push(out),
+            None => {
+                let _ = conn.out.send(out);
+            }
+        }
     }
 
     /// Sends a counted or uncounted frame of a session: counted ones are kept for a replay, and go on the
@@ -1143,10 +1331,17 @@ impl Sim {
         format!("vsr_{:016x}{:016x}", seed, state.next_token)
     }
 
-    fn start_locked(&self, state: &mut State, id: u32, spec: &SessionSpec) -> String {
+    /// Starts a session on connection `id`, named `session_id` (the next `vs_sim-N` when `None`).
+    fn start_locked(
+        &self,
+        state: &mut State,
+        id: u32,
+        spec: &SessionSpec,
+        session_id: Option<&str>,
+    ) -> String {
         let number = state.next_session;
         state.next_session += 1;
-        let session_id = format!("vs_sim-{number}");
+        let session_id = session_id.map_or_else(|| format!("vs_sim-{number}"), str::to_string);
         let token = spec.resumable.then(|| self.token(state));
         let stream = match spec.kind {
             Kind::Audio { .. } => state.conns.get_mut(&id).map(|conn| {
@@ -1196,6 +1391,7 @@ impl Sim {
             }),
             started_at: "2026-11-30T10:00:00Z".into(),
         });
+        let start = wire::encode(frame.clone());
         state.sessions.insert(
             session_id.clone(),
             Sess {
@@ -1210,6 +1406,7 @@ impl Sim {
                 kept: VecDeque::new(),
                 received: 0,
                 pretend_received: None,
+                start,
                 resuming: None,
                 moved_from: None,
                 ended: None,
@@ -1278,12 +1475,18 @@ impl Sim {
             return;
         };
         let conn = sess.conn.take();
+        let stream = sess.stream;
         sess.token = None;
         // The stream number stays taken on the connection, so audio the agent sends after the end is still
-        // told apart from another session's.
+        // told apart from another session's; unless the connection reuses stream numbers, as Sent may.
         if let Some(id) = conn {
             if let Some(c) = state.conns.get_mut(&id) {
                 c.sessions.remove(session_id);
+                if let Some(stream) = stream.filter(|_| c.reuse_streams) {
+                    if c.streams.get(&stream).map(String::as_str) == Some(session_id) {
+                        c.streams.remove(&stream);
+                    }
+                }
             }
             self.close_if_drained(state, id);
         }
@@ -1296,6 +1499,33 @@ impl Sim {
             }
         }
     }
+}
+
+/// The listener, with the socket options of `config` (which accepted sockets inherit).
+async fn listen(config: &SimConfig, addr: &str) -> Result<TcpListener> {
+    if config.recv_buffer_bytes.is_none() && config.max_segment_bytes.is_none() {
+        return Ok(TcpListener::bind(addr).await?);
+    }
+    let at = tokio::net::lookup_host(addr)
+        .await?
+        .next()
+        .context("the address resolves to nothing")?;
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(at),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    if let Some(bytes) = config.recv_buffer_bytes {
+        socket.set_recv_buffer_size(bytes as usize)?;
+    }
+    if let Some(bytes) = config.max_segment_bytes {
+        socket.set_tcp_mss(bytes)?;
+    }
+    socket.bind(&at.into())?;
+    socket.listen(128)?;
+    socket.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(socket.into())?)
 }
 
 fn refusal_reason(status: u16) -> &'static str {
@@ -1362,7 +1592,7 @@ impl ConnHandle {
     pub fn start(&self, spec: SessionSpec) -> Call {
         let from = self.sim.inner.recorder.len();
         let mut state = self.sim.state();
-        let id = self.sim.start_locked(&mut state, self.id, &spec);
+        let id = self.sim.start_locked(&mut state, self.id, &spec, None);
         Call {
             sim: self.sim.clone(),
             id,
@@ -1373,6 +1603,72 @@ impl ConnHandle {
 
     pub fn start_text(&self) -> Call {
         self.start(SessionSpec::text())
+    }
+
+    /// Starts a session named `session_id` instead of the next `vs_sim-N` (an id of a length or form Sent
+    /// should never use, on purpose).
+    pub fn start_with_id(&self, spec: SessionSpec, session_id: &str) -> Call {
+        let from = self.sim.inner.recorder.len();
+        let mut state = self.sim.state();
+        let id = self
+            .sim
+            .start_locked(&mut state, self.id, &spec, Some(session_id));
+        Call {
+            sim: self.sim.clone(),
+            id,
+            frames_from: from,
+            audio_from: from,
+        }
+    }
+
+    /// Every session Sent started on this connection (those of a [`ConnPlan`]'s `prestart` too), in order.
+    pub fn started(&self) -> Vec<Call> {
+        // Sent records a connection's first frames under its lock: once it is free they are all there.
+        drop(self.sim.state());
+        let conn = self.id;
+        let mut ids: Vec<String> = Vec::new();
+        for record in self.sim.inner.recorder.since(0, |r| {
+            r.conn == conn && r.is_frame(Dir::ToAgent, "session.start")
+        }) {
+            if let Some(id) = record.session.clone().filter(|id| !ids.contains(id)) {
+                ids.push(id);
+            }
+        }
+        ids.iter().map(|id| self.sim.call(id)).collect()
+    }
+
+    /// Sent stops reading this connection: nothing the agent sends is read (or recorded) until
+    /// [`ConnHandle::resume_reading`], so the agent's writes back up in the socket. Sent still writes, pings
+    /// included, and does not drop the agent for pongs it has not read.
+    pub fn pause_reading(&self) {
+        if let Some(conn) = self.sim.state().conns.get(&self.id) {
+            conn.paused.send_replace(true);
+        }
+    }
+
+    /// Sent reads the connection again, from where it stopped.
+    pub fn resume_reading(&self) {
+        if let Some(conn) = self.sim.state().conns.get_mut(&self.id) {
+            conn.last_pong = Instant::now();
+            conn.paused.send_replace(false);
+        }
+    }
+
+    /// From now on a stream number is free again on this connection once its session has ended, so the
+    /// next audio session may get it (by default an ended session's number stays taken).
+    pub fn reuse_ended_streams(&self) {
+        if let Some(conn) = self.sim.state().conns.get_mut(&self.id) {
+            conn.reuse_streams = true;
+        }
+    }
+
+    /// Sends one text message of exactly `bytes` bytes (at least 40): a connection frame of a type the
+    /// protocol does not define, padded, so that its size is all that can be wrong with it.
+    pub fn send_raw_sized(&self, bytes: usize) {
+        let head = r#"{"type":"connection.note","pad":""#;
+        let pad = bytes.saturating_sub(head.len() + 2);
+        let text = format!("{head}{}\"}}", "x".repeat(pad));
+        self.send_raw(&text);
     }
 
     pub fn start_audio(&self, sample_rate: u32) -> Call {
@@ -1553,6 +1849,21 @@ impl Call {
         });
     }
 
+    /// Sends the session's `session.start` again, unchanged, on the connection the session is on (a
+    /// duplicate: Sent's mistake). What Sent knows of the session does not change.
+    pub fn start_again(&self) {
+        self.with_state(|sim, state| {
+            let Some(sess) = state.sessions.get(&self.id) else {
+                return;
+            };
+            let (Some(conn), text) = (sess.conn, sess.start.clone()) else {
+                return;
+            };
+            let record = record_of_text(&text);
+            sim.push_out(state, conn, Some(&self.id), Out::Text(text), record);
+        });
+    }
+
     /// `session.end` with `reason`. A detached session keeps it for the replay of a later resume.
     pub fn end(&self, reason: &str) {
         self.with_state(|sim, state| sim.end_locked(state, &self.id, reason));
@@ -1583,9 +1894,10 @@ impl Call {
         });
     }
 
-    /// Sent will answer the next resume claiming it read only `received` of the agent's frames, as if the
-    /// rest were lost in the dying socket.
-    pub fn pretend_received(&self, received: usize) {
+    /// Sent will answer the next resume claiming it read `received` of the agent's frames instead of the
+    /// true count: fewer, as if the rest were lost in the dying socket; or more (up to `i64::MAX`), Sent's
+    /// mistake, which leaves its own count as it is.
+    pub fn pretend_received(&self, received: u64) {
         self.with_state(|_, state| {
             if let Some(sess) = state.sessions.get_mut(&self.id) {
                 sess.pretend_received = Some(received);

@@ -4,7 +4,7 @@
 use futures_util::{SinkExt, StreamExt};
 use sentdm_voice_agents::frames::SESSION_END_REASONS;
 use sentsim::sim::{CONFORMANCE_AGENT, CONFORMANCE_KEY};
-use sentsim::{ConnHandle, Sim, SimConfig};
+use sentsim::{CloseAfterReady, ConnHandle, ConnPlan, SessionSpec, Sim, SimConfig, ToolPlan};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -420,4 +420,219 @@ async fn a_clean_close_by_the_agent_sends_its_calls_to_their_fallback() {
     agent.ws.close(Some(normal)).await.unwrap();
     sim.conn(2).closed(Duration::from_secs(5)).await.unwrap();
     assert!(call.state().unwrap().lost);
+}
+
+#[tokio::test]
+async fn planned_starts_follow_connection_ready_in_one_write_and_a_close_after_ready_ends_it() {
+    let sim = sim().await;
+    sim.plan(ConnPlan {
+        one_write: true,
+        prestart: vec![SessionSpec::text(), SessionSpec::audio(16000)],
+        close_after_ready: Some(CloseAfterReady::Close(1001)),
+        ..ConnPlan::default()
+    });
+    let mut agent = RawAgent::connect(&sim).await;
+    assert_eq!(agent.next().await["session_type"], "text");
+    assert_eq!(agent.next().await["session_type"], "audio");
+    let end = tokio::time::timeout(Duration::from_secs(5), agent.ws.next())
+        .await
+        .expect("the close came")
+        .expect("a message");
+    match end {
+        Ok(Message::Close(Some(frame))) => assert_eq!(u16::from(frame.code), 1001),
+        other => panic!("expected a close with 1001, got {other:?}"),
+    }
+    let how = sim.conn(1).closed(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(how, "closed by Sent with 1001");
+    // Both sessions were started on the connection, and are detached with it.
+    let started = sim.conn(1).started();
+    assert_eq!(started.len(), 2);
+    assert!(started.iter().all(|c| c.state().unwrap().conn.is_none()));
+}
+
+#[tokio::test]
+async fn a_tool_call_sent_refuses_by_plan_gets_an_error_and_counts_as_read() {
+    let sim = sim().await;
+    let mut agent = RawAgent::connect(&sim).await;
+    let call = latest(&sim).await.start_text();
+    agent.next().await;
+    call.plan_tool("hangup", ToolPlan::Refuse("tool_not_allowed".into()));
+    let hangup =
+        json!({"type": "tool.call", "session_id": call.id, "call_ref": "t1", "name": "hangup"});
+    agent.send(hangup).await;
+    let error = agent.error().await;
+    assert_eq!(error["error"]["code"], "tool_not_allowed");
+    assert_eq!(error["session_id"], call.id.as_str());
+    assert_eq!(error["frame_type"], "tool.call");
+    let state = call.state().unwrap();
+    // Read on the session's own connection: counted; no other effect.
+    assert_eq!((state.received, state.ended), (1, None));
+    assert!(sim.violations_since(0).is_empty(), "not the agent's fault");
+    // The next call, allowed now, is answered.
+    call.plan_tool("hangup", ToolPlan::Ok);
+    let next =
+        json!({"type": "tool.call", "session_id": call.id, "call_ref": "t2", "name": "hangup"});
+    agent.send(next).await;
+    assert_eq!(agent.next().await["type"], "tool.result");
+    assert_eq!(call.state().unwrap().received, 2);
+}
+
+#[tokio::test]
+async fn a_paused_reader_leaves_pongs_unread_without_dropping_the_agent() {
+    let sim = sim_with(SimConfig {
+        heartbeat_interval_ms: 1000,
+        ..SimConfig::default()
+    })
+    .await;
+    let mut agent = RawAgent::connect(&sim).await;
+    let conn = latest(&sim).await;
+    let call = conn.start_text();
+    agent.next().await;
+    conn.pause_reading();
+    let answer = json!({"type": "agent.say", "session_id": call.id, "text": "unread"});
+    agent.send(answer).await;
+    // Five intervals: the pongs the agent sends meanwhile are not read, and Sent does not mind.
+    let mut pings = 0;
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < until {
+        if let Ok(Some(Ok(Message::Text(text)))) =
+            tokio::time::timeout_at(until, agent.ws.next()).await
+        {
+            let frame: Value = serde_json::from_str(&text).unwrap();
+            if frame["type"] == "ping" {
+                pings += 1;
+                agent.send(json!({"type": "pong", "ts": frame["ts"]})).await;
+            }
+        }
+    }
+    assert!(pings >= 4, "Sent pings while it does not read: {pings}");
+    assert!(conn.is_open());
+    assert_eq!(call.state().unwrap().received, 0, "nothing read");
+    conn.resume_reading();
+    arrived(&sim, "agent.say").await;
+    assert_eq!(call.state().unwrap().received, 1);
+    assert!(sim.violations_since(0).is_empty());
+}
+
+#[tokio::test]
+async fn an_ended_sessions_stream_is_given_again_only_when_the_connection_reuses_streams() {
+    let sim = sim().await;
+    let mut agent = RawAgent::connect(&sim).await;
+    let conn = latest(&sim).await;
+    let first = conn.start_audio(16000);
+    let stream = first.state().unwrap().stream;
+    first.end("caller_hung_up");
+    assert_ne!(conn.start_audio(16000).state().unwrap().stream, stream);
+    conn.reuse_ended_streams();
+    let third = conn.start_audio(16000);
+    let third_stream = third.state().unwrap().stream;
+    third.end("caller_hung_up");
+    assert_eq!(
+        conn.start_audio(16000).state().unwrap().stream,
+        third_stream
+    );
+    agent.next().await;
+}
+
+#[tokio::test]
+async fn a_claim_of_i64_max_received_leaves_sents_own_count_as_it_is() {
+    let sim = sim().await;
+    let mut first = RawAgent::connect(&sim).await;
+    let conn = latest(&sim).await;
+    let call = conn.start_text();
+    let token = first.next().await["resume"]["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    first
+        .send(json!({"type": "agent.say", "session_id": call.id, "text": "one"}))
+        .await;
+    arrived(&sim, "agent.say").await;
+    call.pretend_received(i64::MAX as u64);
+    conn.drop_abruptly();
+    let mut second = RawAgent::connect(&sim).await;
+    second
+        .send(
+            json!({"type": "session.resume", "session_id": call.id, "token": token, "received": 0}),
+        )
+        .await;
+    let resumed = second.next().await;
+    assert_eq!(resumed["received"], i64::MAX);
+    assert_eq!(call.state().unwrap().received, 1, "the true count");
+    second
+        .send(json!({"type": "agent.say", "session_id": call.id, "text": "two"}))
+        .await;
+    sim.recorder()
+        .wait_for(
+            0,
+            Duration::from_secs(5),
+            "two",
+            |_| false,
+            |r| r.json().is_some_and(|j| j["text"] == "two"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(call.state().unwrap().received, 2);
+}
+
+#[tokio::test]
+async fn a_resume_on_a_connection_planned_without_audio_leaves_the_session_without_a_stream() {
+    let sim = sim().await;
+    let mut first = RawAgent::connect(&sim).await;
+    let conn = latest(&sim).await;
+    let call = conn.start_audio(16000);
+    let token = first.next().await["resume"]["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    sim.plan(ConnPlan {
+        resume_without_audio: true,
+        ..ConnPlan::default()
+    });
+    conn.drop_abruptly();
+    let mut second = RawAgent::connect(&sim).await;
+    second
+        .send(
+            json!({"type": "session.resume", "session_id": call.id, "token": token, "received": 0}),
+        )
+        .await;
+    let resumed = second.next().await;
+    assert_eq!(resumed["type"], "session.resumed");
+    assert!(resumed.get("audio").is_none(), "{resumed}");
+    assert_eq!(call.state().unwrap().stream, None);
+}
+
+#[tokio::test]
+async fn refuse_all_refuses_every_handshake_until_lifted() {
+    let sim = sim().await;
+    let url = format!("{}?agent_id={CONFORMANCE_AGENT}", sim.url());
+    sim.refuse_all(Some(503));
+    for _ in 0..3 {
+        let status = sentsim::scenarios::handshake_status(&url, Some(CONFORMANCE_KEY), true)
+            .await
+            .unwrap();
+        assert_eq!(status, 503);
+    }
+    sim.refuse_all(None);
+    RawAgent::connect(&sim).await;
+    assert_eq!(sim.attempts(), 4);
+    assert_eq!(sim.open_connections(Some(CONFORMANCE_AGENT)).len(), 1);
+}
+
+#[tokio::test]
+async fn a_sized_raw_message_has_exactly_that_size() {
+    let sim = sim().await;
+    let mut agent = RawAgent::connect(&sim).await;
+    latest(&sim).await.send_raw_sized(1000);
+    let message = tokio::time::timeout(Duration::from_secs(5), agent.ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let Message::Text(text) = message else {
+        panic!("not text: {message:?}");
+    };
+    assert_eq!(text.len(), 1000);
+    let frame: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(frame["type"], "connection.note");
 }

@@ -396,11 +396,7 @@ impl World {
                 self.guests.insert(*key, Guest::default());
             }
             Output::Wake { .. } => {}
-            Output::Answer {
-                key,
-                call_ref,
-                answer,
-            } => {
+            Output::Answer { key, call_ref, .. } => {
                 let Some(guest) = self.guests.get_mut(key) else {
                     return self
                         .violation(format!("an answer for call {key:?}, which has no guest"));
@@ -499,7 +495,7 @@ impl World {
 
     // ----- Sent reading what the agent wrote -----
 
-    fn to_sent(&mut self, conn: ConnId, n: u8) {
+    fn sent_reads_queued(&mut self, conn: ConnId, n: u8) {
         for _ in 0..n {
             let Some((_, output)) = self
                 .conns
@@ -948,7 +944,7 @@ impl World {
                 let Some(conn) = self.conn_at(conn) else {
                     return;
                 };
-                self.to_sent(conn, n);
+                self.sent_reads_queued(conn, n);
             }
             Action::Open { ok } => self.open(ok),
             Action::NextResume(plan) => self.plans.push_back(plan),
@@ -1056,7 +1052,10 @@ impl World {
         self.router.timeout(self.now);
         // What was due has been done: the router's next deadline is later (else its task would spin).
         if let Some(next) = self.router.deadline().filter(|next| *next <= self.now) {
-            let what = format!("after a timeout the next deadline is still due ({:?} ago)", self.now - next);
+            let what = format!(
+                "after a timeout the next deadline is still due ({:?} ago)",
+                self.now - next
+            );
             self.violation(what);
         }
         self.drain_outputs();
@@ -1104,7 +1103,7 @@ impl World {
                     Err(Refused::OverLimit) => {
                         *self.seen.entry("say over the limit").or_default() += 1
                     }
-                    Err(Refused::WrongMedia | Refused::OverLimit | Refused::Ended) => {}
+                    Err(Refused::WrongMedia | Refused::Ended) => {}
                     Err(other) => self.violations.push(format!("say refused {other:?}")),
                 }
             }
@@ -1241,7 +1240,7 @@ impl World {
                 {
                     self.deliver(conn, message);
                 }
-                self.to_sent(conn, u8::MAX);
+                self.sent_reads_queued(conn, u8::MAX);
             }
             for at in 0..self.sessions.len() {
                 while !self.sessions[at].pending_tools.is_empty() && self.live(at) {
@@ -1298,7 +1297,7 @@ impl World {
                 {
                     self.deliver(conn, message);
                 }
-                self.to_sent(conn, u8::MAX);
+                self.sent_reads_queued(conn, u8::MAX);
             }
             let keys: Vec<CallKey> = self.guests.keys().copied().collect();
             for key in keys {

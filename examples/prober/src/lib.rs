@@ -1,0 +1,120 @@
+//! A test guest for voicehost's pressure scenarios (`tests/sentsim/src/pressure.rs`): it sends audio of its
+//! own, floods the host with audio or speech, and sends more audio at once than a message may carry, so
+//! that Sent can check the host's bounds from its side of the wire.
+//!
+//! An audio call takes its command from the call's `context` (`{"prober": "flood 2000"}`); a text call
+//! takes commands as utterances.
+//!
+//! | trigger | action |
+//! |---|---|
+//! | session start of a text call | say "Hello from the prober." |
+//! | audio, no command or "echo" | send the same samples back |
+//! | audio, command "flood N" | send N × 20 ms of the call's pattern, one `send-audio` each |
+//! | audio, command "big MS" | send MS milliseconds of the call's pattern in one `send-audio` |
+//! | any session frame of an unknown type | send 20 ms of the call's pattern (audio calls) |
+//! | "echo <text>" | say `<text>` |
+//! | "say N CHARS" | say N utterances of CHARS characters each, numbered from `000000`, without stopping at a refusal; then log how many were refused |
+//! | any other text | nothing |
+//!
+//! The call's pattern: the bytes of `"<session_id>;"` repeated, as 16-bit little-endian samples, so that
+//! Sent can tell whose audio a message carries whatever stream number it arrives under.
+
+use voicehost_agent::{export_agent, log, Agent, Media, Session, UnknownFrame, UserSaid};
+
+/// What the prober says first in a text call.
+pub const GREETING: &str = "Hello from the prober.";
+
+/// The key of the command in the call's context.
+pub const COMMAND_KEY: &str = "prober";
+
+/// The prober; it keeps nothing in memory.
+#[derive(Default)]
+pub struct Prober;
+
+/// The call's audio command from its context ("echo" when there is none).
+fn command(session: &Session) -> String {
+    session
+        .info()
+        .context
+        .and_then(|context| {
+            voicehost_agent::serde_json::from_str::<voicehost_agent::serde_json::Value>(&context)
+                .ok()
+        })
+        .and_then(|context| context.get(COMMAND_KEY)?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "echo".into())
+}
+
+/// `ms` milliseconds of the call's pattern at its sample rate (nothing on a text call).
+fn pattern(session: &Session, ms: u32) -> Vec<i16> {
+    let info = session.info();
+    let Some(rate) = info.media.sample_rate() else {
+        return Vec::new();
+    };
+    let samples = (rate as usize * ms as usize) / 1000;
+    let unit = format!("{};", info.session_id).into_bytes();
+    let bytes: Vec<u8> = unit.iter().copied().cycle().take(samples * 2).collect();
+    bytes
+        .chunks_exact(2)
+        .map(|pair| i16::from_le_bytes([pair[0], pair[1]]))
+        .collect()
+}
+
+/// The number after a command word, 0 when there is none.
+fn number(word: Option<&str>) -> u32 {
+    word.and_then(|w| w.parse().ok()).unwrap_or(0)
+}
+
+impl Agent for Prober {
+    fn on_session_start(&self, session: &Session) -> Result<(), String> {
+        if session.info().media == Media::Text {
+            session.say(GREETING)?;
+        }
+        Ok(())
+    }
+
+    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+        let mut words = said.text.split(' ');
+        match words.next() {
+            Some("echo") => {
+                let rest = said.text.split_once(' ').map_or("", |(_, rest)| rest);
+                session.say(rest)?;
+            }
+            Some("say") => {
+                let (count, chars) = (number(words.next()), number(words.next()).max(8));
+                let mut refused = 0;
+                for n in 0..count {
+                    let text = format!("{n:06} {}", "x".repeat(chars as usize - 7));
+                    if session.say(&text).is_err() {
+                        refused += 1;
+                    }
+                }
+                log::info!("said {count} utterances, {refused} refused");
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), String> {
+        let command = command(session);
+        let mut words = command.split(' ');
+        match words.next() {
+            Some("flood") => {
+                let frame = pattern(session, 20);
+                for _ in 0..number(words.next()) {
+                    session.send_audio(&frame);
+                }
+            }
+            Some("big") => session.send_audio(&pattern(session, number(words.next()))),
+            _ => session.send_audio(&samples),
+        }
+        Ok(())
+    }
+
+    fn on_frame(&self, session: &Session, _frame: UnknownFrame) -> Result<(), String> {
+        session.send_audio(&pattern(session, 20));
+        Ok(())
+    }
+}
+
+export_agent!(Prober);
