@@ -53,9 +53,9 @@ pub enum FromSent {
     Frame(Box<Frame>),
 }
 
-/// Reads one text message from Sent (rule `intake_checks_direction_and_ids`, scenario
-/// `wrong_direction_frames_not_counted`): it must decode with the official codec, be a frame Sent sends (or
-/// of an unknown type), and carry ids of sane length.
+/// Reads one text message from Sent: it must decode with the official codec, be a frame Sent sends (or of
+/// an unknown type), and carry ids of sane length.
+/// [scenario: wrong_direction_frames_not_counted, invalid_frames_from_sent_ignored]
 pub fn read_text(text: &str) -> Result<FromSent, Invalid> {
     let frame = frames::decode(text).map_err(|e| Invalid::Schema(loggable(&e.message)))?;
     let frame_type = frame.frame_type().to_string();
@@ -76,6 +76,7 @@ pub fn read_binary(data: &[u8]) -> Result<(u16, &[u8]), Invalid> {
     Ok((stream, &samples[..samples.len() & !1]))
 }
 
+/// [scenario: overlong_session_id_dropped]
 fn check_ids(frame: &Frame) -> Result<(), Invalid> {
     let long = |id: &str| id.chars().count() > MAX_ID_CHARS;
     if frame.session_id().is_some_and(long) {

@@ -494,7 +494,8 @@ impl Call {
         if !matches!(self.state, State::Moving { to, .. } if to == conn) {
             return;
         }
-        // Without a next token the call ended while detached: Sent's replay ends with session.end.
+        // [scenario: ended_while_detached] Without a next token the call ended while detached: Sent's
+        // replay ends with session.end.
         self.token = frame.resume.as_ref().map(|r| r.token.clone());
         if let Some(resume) = &frame.resume {
             self.window = window_of(Some(resume.window_ms));
@@ -641,7 +642,7 @@ impl Call {
 
     /// The connection `conn` is gone. A call live on it with a token waits, detached, for another one
     /// until its window has passed; without a token it is lost. A call whose resume was out on it is lost
-    /// (its resume was never answered).
+    /// (its resume was never answered). [scenario: lost_connection_resumes]
     pub fn connection_lost(&mut self, conn: ConnId, now: Instant, out: &mut VecDeque<Output>) {
         match self.state {
             State::Live { conn: on, .. } if on == conn => {

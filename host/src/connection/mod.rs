@@ -155,6 +155,7 @@ impl ConnectError {
 }
 
 /// Why Sent refuses a handshake with each status that needs a person (`protocol.md` §2.2).
+/// [scenario: handshake_refusals, refused_agent_stops]
 pub fn refusal_reason(status: u16) -> Option<&'static str> {
     match status {
         400 => Some("agent_id or the subprotocol is missing"),
@@ -218,6 +219,8 @@ pub async fn run(id: ConnId, dial: Dial, delay: Duration, events: Events, stats:
         );
         let silence = silence_for(&ready);
         let outbox = Arc::new(Outbox::default());
+        // [scenario: starts_behind_ready_not_dropped] `Opened` goes into the agent's one FIFO before the
+        // reader reads anything more: a frame written right behind `connection.ready` arrives after it.
         let opened = Event::Opened {
             ready,
             outbox: outbox.clone(),
@@ -497,6 +500,7 @@ impl Reader {
                     if let Some((why, _)) = closing {
                         return why;
                     }
+                    // [scenario: silent_sent_reconnects]
                     self.outbox.close_with(CloseCode::Away, "silent");
                     warn!(silence = ?self.silence, "no message for 3 heartbeat intervals: closing");
                     return format!(

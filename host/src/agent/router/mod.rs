@@ -233,6 +233,7 @@ impl Router {
     }
 
     /// A `ping` on `conn`: the pong is owed at once, and the connection has proved itself good.
+    /// [scenario: ready_ping_pong]
     pub fn ping(&mut self, conn: ConnId, ts: i64) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
@@ -280,7 +281,8 @@ impl Router {
         }
     }
 
-    /// Caller audio on `conn`, by its stream number.
+    /// Caller audio on `conn`, by its stream number on that connection.
+    /// [scenario: concurrent_sessions_isolated]
     pub fn audio(&mut self, conn: ConnId, stream: u16, samples: Bytes) {
         let Some(key) = self
             .conns
