@@ -15,6 +15,9 @@ pub mod agent;
 pub mod call;
 pub mod config;
 pub mod connection;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod logging;
 pub mod metrics;
 pub mod outbound;

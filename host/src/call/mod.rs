@@ -1105,9 +1105,19 @@ fn window_of(window_ms: Option<i64>) -> Duration {
 }
 
 fn call_ref(n: u64) -> String {
+    call_ref_of(n)
+}
+
+fn call_ref_of(n: u64) -> String {
     format!("t{n}")
 }
 
+/// The number of a `call_ref` the host issued: exactly `t<n>`, as written (`t01` is not `t1`).
 fn parse_call_ref(call_ref: &str) -> Option<u64> {
-    call_ref.strip_prefix('t')?.parse().ok().filter(|n| *n > 0)
+    let n: u64 = call_ref
+        .strip_prefix('t')?
+        .parse()
+        .ok()
+        .filter(|n| *n > 0)?;
+    (call_ref_of(n) == call_ref).then_some(n)
 }

@@ -342,8 +342,16 @@ fn unknown_tool_result_ignored() {
     let mut t = Test::text();
     t.result("t9", false);
     t.result("x", false);
+    // Found by the fuzzer: `t01` is not `t1`, whose caller would never hear its answer.
+    t.tool("lookup").unwrap();
+    t.outputs();
+    t.result("t01", true);
+    t.result("t+1", true);
+    assert!(answers(&t.outputs()).is_empty());
     assert!(t.events().is_empty());
-    assert_eq!(t.call.counts().0, 2, "still counted");
+    t.result("t1", true);
+    assert_eq!(answers(&t.outputs()), [("t1".to_string(), Ok(true))]);
+    assert_eq!(t.call.counts().0, 5, "all still counted");
 }
 
 #[test]

@@ -80,6 +80,7 @@ impl Outbox {
 
     /// Queues an audio message of `key`'s (stream number, then samples); at most `backlog` bytes of its
     /// samples wait: the oldest message goes first. Returns how many messages were dropped.
+    /// [scenario: audio_flood_bounded]
     pub fn audio(&self, key: CallKey, message: Bytes, backlog: usize) -> usize {
         let mut state = self.state();
         if state.writer_gone || state.close.is_some() {

@@ -250,6 +250,8 @@ struct Sess {
     lost: bool,
     tools: HashMap<String, ToolPlan>,
     call_refs: HashSet<String>,
+    /// The agent's audio for the session is counted here instead of recorded (a benchmark's flood).
+    unrecorded_audio: Option<u64>,
 }
 
 impl Sess {
@@ -1203,7 +1205,7 @@ impl Sim {
     }
 
     fn read_audio(&self, id: u32, data: &[u8]) {
-        let state = self.state();
+        let mut state = self.state();
         if !state.conns.get(&id).is_some_and(|c| c.open) {
             return;
         }
@@ -1220,6 +1222,14 @@ impl Sim {
             .get(&id)
             .and_then(|c| c.streams.get(&stream))
             .cloned();
+        if let Some(count) = session
+            .as_ref()
+            .and_then(|s| state.sessions.get_mut(s))
+            .and_then(|s| s.unrecorded_audio.as_mut())
+        {
+            *count += 1;
+            return;
+        }
         recorder.push(
             id,
             Dir::FromAgent,
@@ -1413,6 +1423,7 @@ impl Sim {
                 lost: false,
                 tools: HashMap::new(),
                 call_refs: HashSet::new(),
+                unrecorded_audio: None,
             },
         );
         self.send_session_frame(state, &session_id, frame);
@@ -1903,6 +1914,27 @@ impl Call {
                 sess.pretend_received = Some(received);
             }
         });
+    }
+
+    /// From now on the agent's audio for the session is only counted, not recorded (a benchmark's flood
+    /// would otherwise fill the recorder).
+    pub fn count_audio_only(&self) {
+        self.with_state(|_, state| {
+            if let Some(sess) = state.sessions.get_mut(&self.id) {
+                sess.unrecorded_audio.get_or_insert(0);
+            }
+        });
+    }
+
+    /// The agent's audio messages for the session counted since [`Call::count_audio_only`].
+    pub fn audio_counted(&self) -> u64 {
+        self.with_state(|_, state| {
+            state
+                .sessions
+                .get(&self.id)
+                .and_then(|s| s.unrecorded_audio)
+                .unwrap_or(0)
+        })
     }
 
     /// What Sent knows of the session now.
