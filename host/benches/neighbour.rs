@@ -1,0 +1,204 @@
+//! A call beside an attacker on the same connection: `cargo bench -p voicehost --bench neighbour`.
+//!
+//! The Sent simulator and voicehost (one connection, the `prober` test guest) run in this process. A
+//! neighbour call sends paced 20 ms frames at 16 kHz and measures each echo's latency (the recorder's
+//! timestamps: frame queued for the socket → echo read back). It runs three times, side by side in one
+//! run: alone; beside a call whose guest answers every caller frame with `FLOOD` × 20 ms of audio (one
+//! `send-audio` each); and beside a call whose guest answers every caller frame with one `send-audio` of
+//! 10 s. The process's RSS is sampled every 50 ms during each run: its peak says what the attack cost.
+
+use anyhow::{anyhow, Context as _, Result};
+use sentsim::sim::{CONFORMANCE_AGENT, CONFORMANCE_KEY};
+use sentsim::{Dir, Kind, SessionSpec, Sim, SimConfig, What};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use voicehost::agent::{self, AgentConfig, CallRules};
+use voicehost::connection::Dial;
+use voicehost::sandbox::Sandbox;
+use voicehost::stats::Stats;
+
+/// Paced frames of the neighbour per run (8 s of audio).
+const FRAMES: usize = 400;
+/// Audio messages the flooder sends per caller frame (each 20 ms).
+const FLOOD: usize = 2_000;
+
+fn main() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let wasm = std::fs::read(format!("{}/prober.wasm", env!("VOICEHOST_GUESTS")))
+        .context("the prober component (built by host/build.rs)")?;
+    let sandbox = Sandbox::new()?;
+    let code = sandbox.load(&wasm)?;
+    let mut rows = Vec::new();
+    for attack in [
+        None,
+        Some(format!("flood {FLOOD}")),
+        Some("big 10000".to_string()),
+    ] {
+        let row = runtime.block_on(run(&code, attack.clone()))?;
+        rows.push((attack, row));
+    }
+    println!(
+        "| neighbour beside | echoes | p50 | p99 | max | peak RSS | attacker's audio messages written | dropped by the host |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let alone = rows[0].1.p50;
+    for (attack, row) in &rows {
+        println!(
+            "| {} | {}/{} | {:.2} ms ({:.1}×) | {:.2} ms | {:.2} ms | {} MiB | {} | {} |",
+            attack
+                .as_deref()
+                .map_or("nothing (alone)".to_string(), |a| format!("`{a}`")),
+            row.echoes,
+            FRAMES,
+            ms(row.p50),
+            row.p50.as_secs_f64() / alone.as_secs_f64().max(1e-9),
+            ms(row.p99),
+            ms(row.max),
+            row.peak_rss >> 20,
+            row.attacker_audio,
+            row.dropped,
+        );
+    }
+    Ok(())
+}
+
+struct Row {
+    echoes: usize,
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+    peak_rss: u64,
+    attacker_audio: u64,
+    dropped: u64,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib << 10)
+}
+
+/// 20 ms of 16 kHz samples, different for every frame.
+fn frame(number: usize) -> Vec<u8> {
+    (0..320)
+        .flat_map(|i| ((number * 400 + i) as i16).to_le_bytes())
+        .collect()
+}
+
+async fn run(code: &voicehost::sandbox::AgentCode, attack: Option<String>) -> Result<Row> {
+    let sim = Sim::start_local(SimConfig {
+        heartbeat_interval_ms: 1000,
+        ..SimConfig::default()
+    })
+    .await?;
+    let stats = Arc::new(Stats::default());
+    let config = AgentConfig::fixed(
+        Dial::new(sim.url(), CONFORMANCE_AGENT, CONFORMANCE_KEY),
+        code.clone(),
+        CallRules::default(),
+        1,
+    );
+    let (stop, stopped) = watch::channel(false);
+    let host = tokio::spawn(agent::serve(config, stats.clone(), stopped));
+    let conn = tokio::time::timeout(Duration::from_secs(15), sim.connection())
+        .await
+        .map_err(|_| anyhow!("no connection within 15 s"))??;
+    let attacker = attack.map(|command| {
+        let mut context = serde_json::Map::new();
+        context.insert("prober".into(), command.into());
+        let call = conn.start(SessionSpec {
+            kind: Kind::Audio {
+                sample_rate: 16_000,
+            },
+            resumable: true,
+            context: Some(context),
+        });
+        // Its audio is counted, not recorded: the recorder would hold it all.
+        call.count_audio_only();
+        call
+    });
+    let mut neighbour = conn.start_audio(16_000);
+    let warm = frame(9999);
+    neighbour.send_audio(&warm);
+    neighbour.expect_audio(&warm).await?;
+
+    let peak = Arc::new(AtomicU64::new(rss_bytes()));
+    let sampler = tokio::spawn({
+        let peak = peak.clone();
+        async move {
+            loop {
+                peak.fetch_max(rss_bytes(), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    let recorder = sim.recorder();
+    let from = recorder.len();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    for number in 0..FRAMES {
+        tick.tick().await;
+        neighbour.send_audio(&frame(number));
+        if let Some(attacker) = &attacker {
+            attacker.send_audio(&frame(number));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sampler.abort();
+
+    let id = neighbour.id.clone();
+    let records = recorder.since(from, |r| {
+        r.session.as_deref() == Some(id.as_str()) && matches!(r.what, What::Audio { .. })
+    });
+    let mut queued: HashMap<Vec<u8>, Instant> = HashMap::new();
+    let mut latencies = Vec::new();
+    for record in &records {
+        let What::Audio { samples, .. } = &record.what else {
+            continue;
+        };
+        match record.dir {
+            Dir::ToAgent => {
+                queued.insert(samples.clone(), record.at);
+            }
+            Dir::FromAgent => {
+                if let Some(at) = queued.remove(samples) {
+                    latencies.push(record.at.duration_since(at));
+                }
+            }
+        }
+    }
+    latencies.sort();
+    let at = |q: f64| {
+        latencies
+            .get(((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1))
+            .copied()
+            .unwrap_or(Duration::MAX)
+    };
+    let row = Row {
+        echoes: latencies.len(),
+        p50: at(0.5),
+        p99: at(0.99),
+        max: latencies.last().copied().unwrap_or(Duration::MAX),
+        peak_rss: peak.load(Ordering::Relaxed),
+        attacker_audio: attacker.as_ref().map_or(0, |a| a.audio_counted()),
+        dropped: stats.audio_out_dropped.get(),
+    };
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), host).await;
+    sim.shutdown();
+    Ok(row)
+}
