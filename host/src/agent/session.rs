@@ -302,15 +302,7 @@ pub(super) async fn run(
     deployment: Arc<Deployment>,
     permit: Option<Permit>,
 ) {
-    let media = match &start.audio {
-        Some(audio) => Media::Audio {
-            sample_rate: audio
-                .sample_rate
-                .map_or(16000, |r| r.clamp(1, 48_000) as u32),
-        },
-        None => Media::Text,
-    };
-    let info = info_of(&start, media);
+    let info = info_of(&start, Media::of(&start));
     let session_id = start.session_id.clone();
     let stats = agent.stats.clone();
     let task = Task {

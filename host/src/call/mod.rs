@@ -29,6 +29,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
+pub(crate) mod fixtures;
+#[cfg(test)]
 mod tests;
 
 /// A connection to Sent, as the agent's router numbers them.
@@ -57,6 +59,19 @@ pub enum Media {
 }
 
 impl Media {
+    /// What `session.start` says the call carries (an audio call's rate is 16000 Hz when Sent gives none,
+    /// as the official SDK assumes).
+    pub fn of(start: &SessionStart) -> Media {
+        match &start.audio {
+            Some(audio) => Media::Audio {
+                sample_rate: audio
+                    .sample_rate
+                    .map_or(16000, |r| r.clamp(1, 48_000) as u32),
+            },
+            None => Media::Text,
+        }
+    }
+
     /// 16-bit samples in `ms` milliseconds of audio (none for a text call).
     pub fn bytes_per(&self, ms: u32) -> usize {
         match self {
@@ -308,15 +323,7 @@ impl Call {
         policy: FailurePolicy,
         stats: Arc<Stats>,
     ) -> Call {
-        let media = match &start.audio {
-            Some(audio) => Media::Audio {
-                // 16000 when absent, as the official SDK assumes.
-                sample_rate: audio
-                    .sample_rate
-                    .map_or(16000, |r| r.clamp(1, 48_000) as u32),
-            },
-            None => Media::Text,
-        };
+        let media = Media::of(start);
         let stream = start
             .audio
             .as_ref()

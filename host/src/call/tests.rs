@@ -2,8 +2,8 @@
 
 use super::*;
 use sentdm_voice_agents::frames::{
-    AgentSay, ErrorInfo, Party, Resume, SessionEnd, SessionResumedAudio, SessionStartAudio,
-    ToolResult, UnknownFrame, UserSaid,
+    AgentSay, ErrorInfo, Resume, SessionEnd, SessionResumedAudio, ToolResult, UnknownFrame,
+    UserSaid,
 };
 
 const CONN: ConnId = 1;
@@ -11,33 +11,7 @@ const OTHER: ConnId = 2;
 const TOKEN: &str = "vsr_0123456789abcdefghijklmnop";
 
 fn start(audio: Option<i64>, resumable: bool) -> SessionStart {
-    SessionStart {
-        session_id: "vs_1".into(),
-        call_id: "call_1".into(),
-        agent_id: "agent_1".into(),
-        direction: "inbound".into(),
-        from: Party {
-            kind: "number".into(),
-            value: Some("+14155550100".into()),
-        },
-        to: Party {
-            kind: "agent".into(),
-            value: Some("agent_1".into()),
-        },
-        session_type: if audio.is_some() { "audio" } else { "text" }.into(),
-        language: None,
-        audio: audio.map(|stream| SessionStartAudio {
-            stream,
-            sample_rate: Some(16000),
-        }),
-        max_duration_ms: None,
-        context: None,
-        resume: resumable.then(|| Resume {
-            token: TOKEN.into(),
-            window_ms: 2000,
-        }),
-        started_at: "2026-12-01T00:00:00Z".into(),
-    }
+    super::fixtures::session_start("vs_1", audio, resumable.then(|| TOKEN.to_string()), 2000)
 }
 
 struct Test {

@@ -27,8 +27,8 @@ use super::*;
 use crate::protocol::{read_text, FromSent};
 use proptest::prelude::*;
 use sentdm_voice_agents::frames::{
-    AgentSay, ConnectionDraining, ErrorInfo, Party, Ping, Resume, SessionEnd, SessionResumedAudio,
-    SessionStartAudio, ToolResult, UnknownFrame, UserSaid,
+    AgentSay, ConnectionDraining, ErrorInfo, Ping, Resume, SessionEnd, SessionResumedAudio,
+    ToolResult, UnknownFrame, UserSaid,
 };
 use std::collections::BTreeMap;
 
@@ -777,33 +777,12 @@ impl World {
                     c.next_stream - 1
                 });
                 let token = resumable.then(|| self.token());
-                let frame = Frame::SessionStart(SessionStart {
-                    session_id: id.clone(),
-                    call_id: "call_m".into(),
-                    agent_id: "agent_m".into(),
-                    direction: "inbound".into(),
-                    from: Party {
-                        kind: "number".into(),
-                        value: Some("+14155550100".into()),
-                    },
-                    to: Party {
-                        kind: "agent".into(),
-                        value: Some("agent_m".into()),
-                    },
-                    session_type: if audio { "audio" } else { "text" }.into(),
-                    language: None,
-                    audio: stream.map(|stream| SessionStartAudio {
-                        stream: stream as i64,
-                        sample_rate: Some(16000),
-                    }),
-                    max_duration_ms: None,
-                    context: None,
-                    resume: token.clone().map(|token| Resume {
-                        token,
-                        window_ms: WINDOW_MS,
-                    }),
-                    started_at: "2026-12-01T00:00:00Z".into(),
-                });
+                let frame = Frame::SessionStart(crate::call::fixtures::session_start(
+                    &id,
+                    stream.map(i64::from),
+                    token.clone(),
+                    WINDOW_MS,
+                ));
                 let text = frames::encode_to_string(&frame).expect("valid");
                 self.sessions.push(SSess {
                     id,

@@ -2,8 +2,7 @@
 
 use super::*;
 use sentdm_voice_agents::frames::{
-    ConnectionDraining, ErrorInfo, Party, Resume, SessionEnd, SessionResumedAudio,
-    SessionStartAudio, UserSaid,
+    ConnectionDraining, ErrorInfo, SessionEnd, SessionResumedAudio, UserSaid,
 };
 
 struct Test {
@@ -21,32 +20,41 @@ fn ready(max_sessions: i64) -> ConnectionReady {
 }
 
 fn start(id: &str, stream: Option<i64>) -> Frame {
-    Frame::SessionStart(SessionStart {
+    let token = format!("vsr_{id}0123456789abcdefghijklmnop");
+    Frame::SessionStart(crate::call::fixtures::session_start(
+        id,
+        stream,
+        Some(token),
+        5000,
+    ))
+}
+
+/// Sent refusing a resume of `id` because the connection is full.
+fn full(id: &str) -> Frame {
+    Frame::ErrorFrame(ErrorFrame {
+        error: ErrorInfo {
+            code: "connection_full".into(),
+            message: "full".into(),
+        },
+        session_id: Some(id.into()),
+        frame_type: Some("session.resume".into()),
+    })
+}
+
+fn end(id: &str) -> Frame {
+    Frame::SessionEnd(SessionEnd {
         session_id: id.into(),
-        call_id: "call_1".into(),
-        agent_id: "agent_1".into(),
-        direction: "inbound".into(),
-        from: Party {
-            kind: "number".into(),
-            value: Some("+14155550100".into()),
-        },
-        to: Party {
-            kind: "agent".into(),
-            value: Some("agent_1".into()),
-        },
-        session_type: if stream.is_some() { "audio" } else { "text" }.into(),
-        language: None,
-        audio: stream.map(|stream| SessionStartAudio {
-            stream,
-            sample_rate: Some(16000),
-        }),
-        max_duration_ms: None,
-        context: None,
-        resume: Some(Resume {
-            token: format!("vsr_{id}0123456789abcdefghijklmnop"),
-            window_ms: 5000,
-        }),
-        started_at: "2026-12-01T00:00:00Z".into(),
+        reason: "caller_hung_up".into(),
+        duration_ms: 1,
+    })
+}
+
+fn resumed(id: &str, stream: Option<i64>) -> Frame {
+    Frame::SessionResumed(SessionResumed {
+        session_id: id.into(),
+        received: 0,
+        resume: None,
+        audio: stream.map(|stream| SessionResumedAudio { stream }),
     })
 }
 
@@ -168,14 +176,7 @@ fn a_session_start_for_a_call_that_finished_is_a_duplicate_too() {
     t.dials();
     t.open(1);
     t.frame(1, start("vs_a", None));
-    t.frame(
-        1,
-        Frame::SessionEnd(SessionEnd {
-            session_id: "vs_a".into(),
-            reason: "caller_hung_up".into(),
-            duration_ms: 1,
-        }),
-    );
+    t.frame(1, end("vs_a"));
     t.events("vs_a");
     assert_eq!(t.router.calls(), 0);
     t.frame(1, start("vs_a", None));
@@ -296,31 +297,13 @@ fn connection_full_resumes_elsewhere() {
     t.dials();
     t.open(2);
     t.outputs();
-    t.frame(
-        2,
-        Frame::ErrorFrame(ErrorFrame {
-            error: ErrorInfo {
-                code: "connection_full".into(),
-                message: "full".into(),
-            },
-            session_id: Some("vs_a".into()),
-            frame_type: Some("session.resume".into()),
-        }),
-    );
+    t.frame(2, full("vs_a"));
     assert_eq!(t.place("vs_a"), Place::Detached);
     let dials = t.dials();
     assert_eq!(dials, [(3, Duration::ZERO)], "an extra connection for it");
     t.open(3);
     assert_eq!(t.written(), [(3, "session.resume".into(), "vs_a".into())]);
-    t.frame(
-        3,
-        Frame::SessionResumed(SessionResumed {
-            session_id: "vs_a".into(),
-            received: 0,
-            resume: None,
-            audio: Some(SessionResumedAudio { stream: 1 }),
-        }),
-    );
+    t.frame(3, resumed("vs_a", Some(1)));
     assert_eq!(
         t.place("vs_a"),
         Place::Live {
@@ -340,37 +323,12 @@ fn extra_connections_retired() {
     t.dials();
     t.open(2);
     t.outputs();
-    t.frame(
-        2,
-        Frame::ErrorFrame(ErrorFrame {
-            error: ErrorInfo {
-                code: "connection_full".into(),
-                message: "full".into(),
-            },
-            session_id: Some("vs_a".into()),
-            frame_type: Some("session.resume".into()),
-        }),
-    );
+    t.frame(2, full("vs_a"));
     t.dials();
     t.open(3);
     t.outputs();
-    t.frame(
-        3,
-        Frame::SessionResumed(SessionResumed {
-            session_id: "vs_a".into(),
-            received: 0,
-            resume: None,
-            audio: None,
-        }),
-    );
-    t.frame(
-        3,
-        Frame::SessionEnd(SessionEnd {
-            session_id: "vs_a".into(),
-            reason: "caller_hung_up".into(),
-            duration_ms: 1,
-        }),
-    );
+    t.frame(3, resumed("vs_a", None));
+    t.frame(3, end("vs_a"));
     t.outputs();
     t.later(IDLE_RETIRE / 2);
     assert!(t
@@ -444,14 +402,7 @@ fn a_finished_call_is_forgotten_once_its_guest_heard_the_end() {
     t.dials();
     t.open(1);
     t.frame(1, start("vs_a", None));
-    t.frame(
-        1,
-        Frame::SessionEnd(SessionEnd {
-            session_id: "vs_a".into(),
-            reason: "caller_hung_up".into(),
-            duration_ms: 1,
-        }),
-    );
+    t.frame(1, end("vs_a"));
     assert_eq!(t.router.calls(), 1);
     let events = t.events("vs_a");
     assert!(matches!(events.last(), Some(GuestEvent::End { .. })));
