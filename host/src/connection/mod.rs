@@ -519,6 +519,14 @@ impl Reader {
                             warn!(error = %e, "Sent sent a message over the limit: closing");
                             self.stats.frames_invalid.inc();
                             self.outbox.close_with(CloseCode::Size, "message too big");
+                            // The rest of the message is unread: a socket dropped now is reset, and the
+                            // reset can overtake the close frame. The writer sends it; Sent gets a moment
+                            // to read it before the socket goes (the read side is past use: what follows
+                            // the too-long frame's header is its payload, not frames).
+                            if !writer_stopped {
+                                let _ = tokio::time::timeout(CLOSE_GRACE, &mut self.done).await;
+                            }
+                            tokio::time::sleep(CLOSE_GRACE).await;
                             return match e {
                                 CapacityError::MessageTooLong { size, max_size } => {
                                     format!("closed with 1009: a message of {size} bytes (at most {max_size})")
