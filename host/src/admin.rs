@@ -3,8 +3,9 @@
 //! `/metrics`. Described for clients in `host/openapi.json`. Handlers are plain functions over the
 //! [`Server`]; a tenant is known only by its bearer token, and another tenant's agent is a 404.
 
+use crate::call::FailurePolicy;
 use crate::metrics::{self, HostCounts};
-use crate::registry::{AgentRecord, PolicyRecord, RegistryError};
+use crate::registry::{AgentRecord, RegistryError};
 use crate::sandbox::wit::{Direction, Media};
 use crate::sandbox::LoadError;
 use crate::server::{AgentStatus, ServeError, Server};
@@ -192,7 +193,7 @@ struct AgentView {
     #[serde(skip_serializing_if = "Option::is_none")]
     status_detail: Option<String>,
     active_version: Option<u32>,
-    failure_policy: PolicyRecord,
+    failure_policy: FailurePolicy,
     live_sessions: usize,
     versions: Vec<VersionView>,
 }
@@ -414,7 +415,7 @@ async fn set_policy(
     Path(agent_id): Path<String>,
     body: Bytes,
 ) -> Result<Json<AgentView>, ApiError> {
-    let policy: PolicyRecord = parse_json(&body)?;
+    let policy: FailurePolicy = parse_json(&body)?;
     let record = server.set_policy(&tenant, &agent_id, policy).await?;
     Ok(Json(agent_view(&server, &tenant, agent_id, record)))
 }

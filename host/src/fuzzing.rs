@@ -252,15 +252,9 @@ fn limits(choice: u8) -> CallLimits {
 fn policy(choice: u8) -> FailurePolicy {
     match choice % 3 {
         0 => FailurePolicy::HangUp,
-        1 => FailurePolicy::Transfer {
-            kind: "number".into(),
-            value: "+14155550100".into(),
-        },
+        1 => FailurePolicy::transfer("number", "+14155550100").unwrap(),
         // One the codec refuses (the CLI accepts any kind).
-        _ => FailurePolicy::Transfer {
-            kind: "conference".into(),
-            value: "room".into(),
-        },
+        _ => FailurePolicy::transfer("conference", "room").unwrap(),
     }
 }
 

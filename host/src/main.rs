@@ -2,7 +2,7 @@
 //! the operator's tools for it; `run` serves one agent's calls from a file; `demo` places calls through the
 //! embedded Sent simulator and prints what happened.
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use std::future::IntoFuture as _;
 use std::path::PathBuf;
@@ -84,8 +84,12 @@ struct RunArgs {
     max_traps: usize,
     /// What to do with a call whose agent keeps trapping: `hangup`, or `transfer:KIND:VALUE` (e.g.
     /// `transfer:number:+14155550100`).
-    #[arg(long, default_value = "hangup")]
-    on_repeated_traps: String,
+    #[arg(
+        long,
+        default_value = "hangup",
+        value_name = "hangup|transfer:KIND:VALUE"
+    )]
+    on_repeated_traps: FailurePolicy,
     /// An origin the agent may send HTTP requests to (`https://api.example.com`, `http://127.0.0.1:8089`);
     /// repeat for more. None by default.
     #[arg(long, value_name = "ORIGIN")]
@@ -110,21 +114,6 @@ fn start() -> Result<()> {
         Command::Token(command) => cli::token(command),
         Command::Run(args) => runtime.block_on(run(args)),
         Command::Demo => runtime.block_on(demo::run()),
-    }
-}
-
-fn policy(text: &str) -> Result<FailurePolicy> {
-    if text == "hangup" {
-        return Ok(FailurePolicy::HangUp);
-    }
-    match text.split(':').collect::<Vec<_>>()[..] {
-        ["transfer", kind, value] if !kind.is_empty() && !value.is_empty() => {
-            Ok(FailurePolicy::Transfer {
-                kind: kind.into(),
-                value: value.into(),
-            })
-        }
-        _ => bail!("--on-repeated-traps is `hangup` or `transfer:KIND:VALUE`, not {text:?}"),
     }
 }
 
@@ -159,7 +148,7 @@ async fn run(args: RunArgs) -> Result<()> {
             ..Limits::default()
         },
         max_traps: args.max_traps,
-        policy: policy(&args.on_repeated_traps)?,
+        policy: args.on_repeated_traps,
         ..CallRules::default()
     };
     let config = AgentConfig::fixed(

@@ -2,6 +2,7 @@
 //! both behind [`ComponentStore`] so a shared object store can stand in for the disk later. Every change to
 //! the index is written whole and atomically: after a crash the registry is the one before or after it.
 
+use crate::call::FailurePolicy;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
@@ -156,25 +157,6 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 // ----- tenants, agents, versions -----
 
-/// What the host does with a call its agent cannot serve (repeated traps, or over a session cap); the admin
-/// API's `failure-policy` body as it is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(tag = "action", rename_all = "lowercase", deny_unknown_fields)]
-pub enum PolicyRecord {
-    #[default]
-    Hangup,
-    Transfer {
-        to: PartyRecord,
-    },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PartyRecord {
-    pub kind: String,
-    pub value: String,
-}
-
 /// One uploaded version of an agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VersionRecord {
@@ -194,7 +176,7 @@ pub struct AgentRecord {
     /// Versions active before the current one, the latest last: what a rollback returns to.
     pub previous: Vec<u32>,
     pub next_version: u32,
-    pub failure_policy: PolicyRecord,
+    pub failure_policy: FailurePolicy,
 }
 
 impl AgentRecord {
@@ -370,7 +352,7 @@ impl Registry {
         &mut self,
         tenant: &str,
         agent: &str,
-        policy: PolicyRecord,
+        policy: FailurePolicy,
     ) -> Result<(), RegistryError> {
         self.change(tenant, agent, |record| {
             record.failure_policy = policy;

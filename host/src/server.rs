@@ -7,9 +7,7 @@ use crate::admission::{Admission, Gate};
 use crate::agent::{AgentConfig, CallRules, Deployment, FailurePolicy};
 use crate::config::{ServeConfig, Tenant, TokenHash};
 use crate::connection::Dial;
-use crate::registry::{
-    AgentRecord, Digest, DiskStore, PolicyRecord, Registry, RegistryError, VersionRecord,
-};
+use crate::registry::{AgentRecord, Digest, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::sandbox::{LoadError, Sandbox};
 
 use crate::stats::{Counter, LiveSession, Stats};
@@ -362,15 +360,8 @@ impl Server {
         self: &Arc<Server>,
         tenant: &str,
         agent: &str,
-        policy: PolicyRecord,
+        policy: FailurePolicy,
     ) -> Result<AgentRecord, ServeError> {
-        if let PolicyRecord::Transfer { to } = &policy {
-            if to.kind.is_empty() || to.value.is_empty() {
-                return Err(ServeError::BadRequest(
-                    "a transfer needs the party's kind and value".into(),
-                ));
-            }
-        }
         let mut registry = self.registry.lock().await;
         registry.set_policy(tenant, agent, policy)?;
         let record = registry.agent(tenant, agent)?.clone();
@@ -546,13 +537,7 @@ impl Server {
     }
 
     fn rules(&self, tenant: &str, agent: &str, record: &AgentRecord) -> CallRules {
-        let policy = match &record.failure_policy {
-            PolicyRecord::Hangup => FailurePolicy::HangUp,
-            PolicyRecord::Transfer { to } => FailurePolicy::Transfer {
-                kind: to.kind.clone(),
-                value: to.value.clone(),
-            },
-        };
+        let policy = record.failure_policy.clone();
         let limits = match self.tenant(tenant) {
             Some(tenant) => tenant.agent_limits(agent).sandbox(tenant.http.clone()),
             None => Default::default(),

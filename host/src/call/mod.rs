@@ -30,11 +30,14 @@ use std::time::{Duration, Instant};
 
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod policy;
 #[cfg(test)]
 mod tests;
 
 /// A connection to Sent, as the agent's router numbers them.
 pub type ConnId = u64;
+
+pub use policy::{FailurePolicy, Party, PolicyError};
 
 /// One call of an agent: unique for the life of the agent's router, never reused (Sent's session ids are
 /// not ours to trust for that).
@@ -79,16 +82,6 @@ impl Media {
             Media::Audio { sample_rate } => (*sample_rate as usize * ms as usize / 1000) * 2,
         }
     }
-}
-
-/// What the host does with a call its agent cannot serve (it keeps trapping, it is over a session cap, it
-/// could not be instantiated, or it cannot keep up with Sent).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FailurePolicy {
-    /// End the call with the hangup tool.
-    HangUp,
-    /// Transfer the call to this party (kind, value), e.g. a person's number; a hangup if that fails.
-    Transfer { kind: String, value: String },
 }
 
 /// The bounds one call runs under.
@@ -877,10 +870,10 @@ impl Call {
         self.stats.policies_applied.inc();
         match self.policy.clone() {
             FailurePolicy::HangUp => self.issue_tool("hangup", None, Owner::HostHangup, now, out),
-            FailurePolicy::Transfer { kind, value } => {
+            FailurePolicy::Transfer { to: party } => {
                 let mut to = Map::new();
-                to.insert("kind".into(), Value::String(kind));
-                to.insert("value".into(), Value::String(value));
+                to.insert("kind".into(), Value::String(party.kind().into()));
+                to.insert("value".into(), Value::String(party.value().into()));
                 let mut arguments = Map::new();
                 arguments.insert("to".into(), Value::Object(to));
                 self.issue_tool("transfer", Some(arguments), Owner::PolicyTransfer, now, out);

@@ -562,10 +562,7 @@ fn flooded_call_gets_failure_policy() {
 
 #[test]
 fn failed_policy_transfer_hangs_up() {
-    let policy = FailurePolicy::Transfer {
-        kind: "number".into(),
-        value: "+14155550100".into(),
-    };
+    let policy = FailurePolicy::transfer("number", "+14155550100").unwrap();
     let mut t = Test::with(start(None, true), CallLimits::default(), policy.clone());
     t.call.give_up(t.now, &mut t.out);
     let written = t.written();

@@ -210,10 +210,7 @@ async fn three_traps_within_a_minute_hang_up_under_the_default_policy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_traps_within_a_minute_transfer_under_a_transfer_policy() {
     let rules = CallRules {
-        policy: FailurePolicy::Transfer {
-            kind: "number".into(),
-            value: "+14155550123".into(),
-        },
+        policy: FailurePolicy::transfer("number", "+14155550123").unwrap(),
         ..CallRules::default()
     };
     let host = Host::start("panicker", rules).await;

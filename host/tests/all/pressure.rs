@@ -27,10 +27,7 @@ async fn host_for(needs: &Needs) -> Host {
         rules.call.tool_timeout = Duration::from_millis(ms);
     }
     if let Some(number) = needs.host.transfer_to {
-        rules.policy = FailurePolicy::Transfer {
-            kind: "number".into(),
-            value: number.into(),
-        };
+        rules.policy = FailurePolicy::transfer("number", number).unwrap();
     }
     Host::serve_with(
         &wasm,

@@ -1,0 +1,223 @@
+//! The failure policy: what the host does with a call its agent cannot serve. One type for every place that
+//! names it: the call machine applies it, the registry stores it, the admin API takes and shows it (JSON:
+//! `{"action":"hangup"}` or `{"action":"transfer","to":{"kind":…,"value":…}}`), and `voicehost run` and
+//! the CLI take it as text (`hangup` or `transfer:KIND:VALUE`).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// What the host does with a call its agent cannot serve (it keeps trapping, it is over a session cap, it
+/// could not be instantiated, or it cannot keep up with Sent).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "lowercase", try_from = "PolicyFields")]
+pub enum FailurePolicy {
+    /// End the call with the hangup tool.
+    #[default]
+    HangUp,
+    /// Transfer the call to this party, e.g. a person's number; a hangup if that fails.
+    Transfer { to: Party },
+}
+
+/// A party as Sent's `transfer` tool takes it: a kind (`number`, `user`, `agent`, `sip`, …) and a value,
+/// neither empty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "PartyFields")]
+pub struct Party {
+    kind: String,
+    value: String,
+}
+
+/// The JSON as it comes, checked whole by `TryFrom` (serde alone lets a hangup carry a `to`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyFields {
+    action: Action,
+    to: Option<Party>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Action {
+    HangUp,
+    Transfer,
+}
+
+impl TryFrom<PolicyFields> for FailurePolicy {
+    type Error = PolicyError;
+
+    fn try_from(fields: PolicyFields) -> Result<FailurePolicy, PolicyError> {
+        match (fields.action, fields.to) {
+            (Action::HangUp, None) => Ok(FailurePolicy::HangUp),
+            (Action::Transfer, Some(to)) => Ok(FailurePolicy::Transfer { to }),
+            (Action::HangUp, Some(_)) => Err(PolicyError::HangUpWithParty),
+            (Action::Transfer, None) => Err(PolicyError::EmptyParty),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PartyFields {
+    kind: String,
+    value: String,
+}
+
+impl TryFrom<PartyFields> for Party {
+    type Error = PolicyError;
+
+    fn try_from(fields: PartyFields) -> Result<Party, PolicyError> {
+        Party::new(fields.kind, fields.value)
+    }
+}
+
+impl Party {
+    pub fn new(kind: impl Into<String>, value: impl Into<String>) -> Result<Party, PolicyError> {
+        let (kind, value) = (kind.into(), value.into());
+        if kind.is_empty() || value.is_empty() {
+            return Err(PolicyError::EmptyParty);
+        }
+        Ok(Party { kind, value })
+    }
+
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+impl FailurePolicy {
+    /// A transfer to `kind:value`.
+    pub fn transfer(kind: &str, value: &str) -> Result<FailurePolicy, PolicyError> {
+        Ok(FailurePolicy::Transfer {
+            to: Party::new(kind, value)?,
+        })
+    }
+}
+
+/// Why a failure policy was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("a transfer needs the party's kind and value, neither empty")]
+    EmptyParty,
+    #[error("a hangup takes no party")]
+    HangUpWithParty,
+    #[error(
+        "a failure policy is `hangup` or `transfer:KIND:VALUE`, e.g. `transfer:number:+14155550100`"
+    )]
+    NotAPolicy,
+}
+
+/// `hangup` or `transfer:KIND:VALUE`; the value may hold colons itself (`transfer:sip:sip:desk@example.com`).
+impl FromStr for FailurePolicy {
+    type Err = PolicyError;
+
+    fn from_str(text: &str) -> Result<FailurePolicy, PolicyError> {
+        if text == "hangup" {
+            return Ok(FailurePolicy::HangUp);
+        }
+        match text.split_once(':') {
+            Some(("transfer", party)) => {
+                let (kind, value) = party.split_once(':').ok_or(PolicyError::NotAPolicy)?;
+                FailurePolicy::transfer(kind, value).map_err(|_| PolicyError::NotAPolicy)
+            }
+            _ => Err(PolicyError::NotAPolicy),
+        }
+    }
+}
+
+/// The text [`FromStr`] reads back.
+impl fmt::Display for FailurePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailurePolicy::HangUp => f.write_str("hangup"),
+            FailurePolicy::Transfer { to } => write!(f, "transfer:{}:{}", to.kind, to.value),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn text_reads_hangup_and_transfers_whose_value_holds_colons() {
+        assert_eq!("hangup".parse(), Ok(FailurePolicy::HangUp));
+        assert_eq!(
+            "transfer:number:+14155550100".parse(),
+            FailurePolicy::transfer("number", "+14155550100")
+        );
+        assert_eq!(
+            "transfer:sip:sip:desk@example.com".parse(),
+            FailurePolicy::transfer("sip", "sip:desk@example.com")
+        );
+    }
+
+    #[test]
+    fn text_that_is_not_a_whole_policy_is_refused() {
+        for bad in [
+            "",
+            "Hangup",
+            "hangup:now",
+            "transfer",
+            "transfer:number",
+            "transfer::+1",
+            "transfer:number:",
+            "forward:number:+1",
+        ] {
+            assert_eq!(
+                bad.parse::<FailurePolicy>(),
+                Err(PolicyError::NotAPolicy),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn text_and_json_read_back_what_they_wrote() {
+        for policy in [
+            FailurePolicy::HangUp,
+            FailurePolicy::transfer("sip", "sip:desk@example.com").unwrap(),
+        ] {
+            assert_eq!(policy.to_string().parse(), Ok(policy.clone()));
+            let json = serde_json::to_value(&policy).unwrap();
+            assert_eq!(
+                serde_json::from_value::<FailurePolicy>(json).unwrap(),
+                policy
+            );
+        }
+    }
+
+    #[test]
+    fn json_is_the_admin_apis_shape() {
+        assert_eq!(
+            serde_json::to_value(FailurePolicy::HangUp).unwrap(),
+            json!({"action": "hangup"})
+        );
+        assert_eq!(
+            serde_json::to_value(FailurePolicy::transfer("number", "+1").unwrap()).unwrap(),
+            json!({"action": "transfer", "to": {"kind": "number", "value": "+1"}})
+        );
+    }
+
+    #[test]
+    fn json_with_an_empty_party_or_unknown_fields_is_refused() {
+        for bad in [
+            json!({"action": "transfer", "to": {"kind": "", "value": "+1"}}),
+            json!({"action": "transfer", "to": {"kind": "number", "value": ""}}),
+            json!({"action": "transfer", "to": {"kind": "number", "value": "+1", "x": 1}}),
+            json!({"action": "hangup", "to": {"kind": "number", "value": "+1"}}),
+            json!({"action": "drop"}),
+            json!({}),
+        ] {
+            assert!(
+                serde_json::from_value::<FailurePolicy>(bad.clone()).is_err(),
+                "{bad}"
+            );
+        }
+    }
+}
