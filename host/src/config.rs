@@ -2,8 +2,8 @@
 //! and their limits. Every table refuses unknown keys, so a typo is an error at start, not a silent default.
 
 use crate::connection::ApiKey;
+use crate::limits::{self, ResolvedLimits};
 use crate::outbound::{HttpPolicy, Origin};
-use crate::sandbox::Limits;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
@@ -112,32 +112,11 @@ impl LimitsConfig {
     }
 }
 
-/// The defaults, for a voice agent: a handler answers within a turn (200 ms of CPU is far more than a
-/// reply needs), 64 MiB holds a Python or JavaScript runtime with room, a component up to 40 MiB fits
-/// Python (18 MB) and StarlingMonkey (12 MB).
-pub const DEFAULT_LIMITS: ResolvedLimits = ResolvedLimits {
-    memory_mib: 64,
-    cpu_ms: 200,
-    wall_ms: 60_000,
-    max_sessions: 100,
-    log_lines_per_second: 20,
-    component_mib: 40,
-};
-
-/// Limits with every value known.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedLimits {
-    pub memory_mib: u64,
-    pub cpu_ms: u64,
-    pub wall_ms: u64,
-    pub max_sessions: usize,
-    pub log_lines_per_second: u32,
-    pub component_mib: u64,
-}
-
-impl ResolvedLimits {
-    fn from(config: &LimitsConfig) -> ResolvedLimits {
-        let d = DEFAULT_LIMITS;
+impl LimitsConfig {
+    /// These limits, with what they leave out taken from the defaults.
+    fn resolve(&self) -> ResolvedLimits {
+        let config = self;
+        let d = limits::DEFAULTS;
         ResolvedLimits {
             memory_mib: config.memory_mib.unwrap_or(d.memory_mib),
             cpu_ms: config.cpu_ms.unwrap_or(d.cpu_ms),
@@ -148,21 +127,6 @@ impl ResolvedLimits {
                 .unwrap_or(d.log_lines_per_second),
             component_mib: config.component_mib.unwrap_or(d.component_mib),
         }
-    }
-
-    /// The sandbox's limits for one call, with the tenant's HTTP policy.
-    pub fn sandbox(&self, http: Arc<HttpPolicy>) -> Limits {
-        Limits {
-            cpu_per_call: Duration::from_millis(self.cpu_ms),
-            wall_per_call: Duration::from_millis(self.wall_ms),
-            memory_bytes: (self.memory_mib as usize) << 20,
-            log_lines_per_second: self.log_lines_per_second,
-            http,
-        }
-    }
-
-    pub fn component_bytes(&self) -> u64 {
-        self.component_mib << 20
     }
 }
 
@@ -341,20 +305,26 @@ impl ServeConfig {
                 "tenant {id:?}: its Sent API key is empty"
             );
             let own = tenant.limits.over(&self.limits);
-            let limits = ResolvedLimits::from(&own);
+            let limits = own.resolve();
+            limits
+                .check()
+                .map_err(|problem| anyhow::anyhow!("tenant {id:?}: limits: {problem}"))?;
             let mut agent_limits = BTreeMap::new();
             for (agent, overrides) in &tenant.agents {
                 anyhow::ensure!(
                     valid_agent_id(agent),
                     "tenant {id:?}: {agent:?} in [tenants.agents]: {AGENT_ID_RULE}"
                 );
-                let mut resolved = ResolvedLimits::from(&overrides.limits.over(&own));
+                let mut resolved = overrides.limits.over(&own).resolve();
                 // An agent's cap is its own only when it sets one; it can never exceed the tenant's total.
                 resolved.max_sessions = overrides
                     .limits
                     .max_sessions
                     .unwrap_or(limits.max_sessions)
                     .min(limits.max_sessions);
+                resolved.check().map_err(|problem| {
+                    anyhow::anyhow!("tenant {id:?}: {agent} in [tenants.agents]: limits: {problem}")
+                })?;
                 agent_limits.insert(agent.clone(), resolved);
             }
             let mut allow = Vec::new();
@@ -435,7 +405,7 @@ mod tests {
         assert_eq!(tenant.limits.cpu_ms, 100);
         assert_eq!(tenant.limits.memory_mib, 32);
         assert_eq!(tenant.limits.max_sessions, 10);
-        assert_eq!(tenant.limits.wall_ms, DEFAULT_LIMITS.wall_ms);
+        assert_eq!(tenant.limits.wall_ms, limits::DEFAULTS.wall_ms);
         let big = tenant.agent_limits("agent_big");
         assert_eq!((big.memory_mib, big.cpu_ms), (128, 100));
         assert_eq!(
@@ -491,6 +461,8 @@ mod tests {
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"", token_sha256("t")), "exactly one"),
             (&format!("id = \"a/b\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"", token_sha256("t")), "tenant id"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.http]\nallow = [\"ftp://x\"]", token_sha256("t")), "http.allow"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.limits]\nmemory_mib = 4096", token_sha256("t")), "over the engine's cap"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.agents.agent_big.limits]\ncpu_ms = 0", token_sha256("t")), "agent_big in [tenants.agents]: limits: cpu_ms must be more than 0"),
         ];
         for (tenant, expected) in cases {
             let config = parse(&format!("data_dir = \"d\"\n[[tenants]]\n{tenant}\n"));

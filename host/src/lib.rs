@@ -18,6 +18,7 @@ pub mod connection;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod limits;
 pub mod logging;
 pub mod metrics;
 pub mod outbound;

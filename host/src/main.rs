@@ -2,7 +2,7 @@
 //! the operator's tools for it; `run` serves one agent's calls from a file; `demo` places calls through the
 //! embedded Sent simulator and prints what happened.
 
-use anyhow::{Context as _, Result};
+use anyhow::{anyhow, Context as _, Result};
 use clap::{Parser, Subcommand};
 use std::future::IntoFuture as _;
 use std::path::PathBuf;
@@ -14,6 +14,7 @@ use voicehost::agent::{self, AgentConfig};
 use voicehost::agent::{CallRules, FailurePolicy};
 use voicehost::config::ServeConfig;
 use voicehost::connection::Dial;
+use voicehost::limits::{self, ResolvedLimits};
 use voicehost::outbound::{HttpPolicy, Origin};
 use voicehost::sandbox::{Limits, Sandbox};
 use voicehost::server::Server;
@@ -74,13 +75,13 @@ struct RunArgs {
     #[arg(long, default_value_t = 1)]
     connections: usize,
     /// Guest CPU time per handler call, in milliseconds.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = limits::DEFAULTS.cpu_ms)]
     cpu_ms: u64,
     /// Linear memory per call's instance, in MiB.
-    #[arg(long, default_value_t = 64)]
-    memory_mib: usize,
+    #[arg(long, default_value_t = limits::DEFAULTS.memory_mib)]
+    memory_mib: u64,
     /// Traps within a minute after which the call gets the failure policy.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = limits::MAX_TRAPS)]
     max_traps: usize,
     /// What to do with a call whose agent keeps trapping: `hangup`, or `transfer:KIND:VALUE` (e.g.
     /// `transfer:number:+14155550100`).
@@ -140,13 +141,16 @@ async fn run(args: RunArgs) -> Result<()> {
         .iter()
         .map(|origin| Origin::parse(origin).with_context(|| format!("--allow-http {origin:?}")))
         .collect::<Result<Vec<_>>>()?;
+    let limits = ResolvedLimits {
+        cpu_ms: args.cpu_ms,
+        memory_mib: args.memory_mib,
+        ..limits::DEFAULTS
+    };
+    limits
+        .check()
+        .map_err(|problem| anyhow!("--{}", problem.replace('_', "-")))?;
     let rules = CallRules {
-        limits: Limits {
-            cpu_per_call: Duration::from_millis(args.cpu_ms),
-            memory_bytes: args.memory_mib << 20,
-            http: Arc::new(HttpPolicy::allowing(allow)),
-            ..Limits::default()
-        },
+        limits: Limits::of(&limits, Arc::new(HttpPolicy::allowing(allow))),
         max_traps: args.max_traps,
         policy: args.on_repeated_traps,
         ..CallRules::default()

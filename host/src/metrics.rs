@@ -1,7 +1,7 @@
 //! `/metrics`: every served agent's counters in the Prometheus text format (0.0.4), labelled by tenant and
 //! agent. Only counts and ids: never a key, a token, a caller's number or what was said.
 
-use crate::sandbox::HANDLERS;
+use crate::sandbox::{TrapKind, HANDLERS};
 use crate::stats::{Counter, Stats, LATENCY_BUCKETS};
 use std::fmt::Write as _;
 
@@ -150,18 +150,13 @@ pub fn render(
         "counter",
     );
     for (tenant, agent, stats) in agents {
-        for (kind, count) in [
-            ("panic", stats.traps_panic.get()),
-            ("cpu_deadline", stats.traps_cpu.get()),
-            ("wall_deadline", stats.traps_wall.get()),
-            ("memory_limit", stats.traps_memory.get()),
-            ("stack_overflow", stats.traps_stack.get()),
-            ("other", stats.traps_other.get()),
-        ] {
+        for kind in TrapKind::ALL {
             let _ = writeln!(
                 out,
-                "voicehost_traps_total{{{},kind=\"{kind}\"}} {count}",
-                labels(tenant, agent)
+                "voicehost_traps_total{{{},kind=\"{}\"}} {}",
+                labels(tenant, agent),
+                kind.as_str(),
+                stats.trapped(kind)
             );
         }
     }

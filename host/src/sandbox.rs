@@ -25,6 +25,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use crate::limits::{self, ResolvedLimits};
 use crate::outbound::{HttpPolicy, PolicyHooks};
 
 mod bindings {
@@ -66,15 +67,23 @@ pub struct Limits {
     pub http: Arc<HttpPolicy>,
 }
 
+impl Limits {
+    /// The sandbox's side of `limits`, with an HTTP policy.
+    pub fn of(limits: &ResolvedLimits, http: Arc<HttpPolicy>) -> Limits {
+        Limits {
+            cpu_per_call: Duration::from_millis(limits.cpu_ms),
+            wall_per_call: Duration::from_millis(limits.wall_ms),
+            memory_bytes: (limits.memory_mib as usize) << 20,
+            log_lines_per_second: limits.log_lines_per_second,
+            http,
+        }
+    }
+}
+
+/// [`limits::DEFAULTS`], with no HTTP allowed.
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            cpu_per_call: Duration::from_millis(200),
-            wall_per_call: Duration::from_secs(60),
-            memory_bytes: 64 << 20,
-            log_lines_per_second: 20,
-            http: Arc::new(HttpPolicy::default()),
-        }
+        Limits::of(&limits::DEFAULTS, Arc::new(HttpPolicy::default()))
     }
 }
 
@@ -124,7 +133,7 @@ impl Sandbox {
         pool.max_core_instances_per_component(64);
         pool.max_memories_per_component(16);
         pool.max_tables_per_component(32);
-        pool.max_memory_size(1 << 30);
+        pool.max_memory_size((limits::MAX_MEMORY_MIB as usize) << 20);
         pool.max_component_instance_size(1 << 20);
         pool.max_core_instance_size(1 << 20);
         pool.table_elements(100_000);
@@ -428,6 +437,8 @@ pub const HANDLERS: [&str; 8] = [
 /// How a trap happened, for logs, metrics and `on-restart`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrapKind {
+    /// A panic, an abort or an `unreachable`.
+    Panic,
     /// The handler ran past its CPU deadline.
     CpuDeadline,
     /// The handler took longer than its wall-clock bound (blocked in a host call).
@@ -435,12 +446,26 @@ pub enum TrapKind {
     /// The instance asked for more linear memory than its cap.
     Memory,
     StackOverflow,
-    /// A panic, an abort or an `unreachable`.
-    Panic,
     Other,
 }
 
 impl TrapKind {
+    /// Every kind, in the order stats, metrics and logs list them.
+    pub const ALL: [TrapKind; 6] = [
+        TrapKind::Panic,
+        TrapKind::CpuDeadline,
+        TrapKind::WallDeadline,
+        TrapKind::Memory,
+        TrapKind::StackOverflow,
+        TrapKind::Other,
+    ];
+
+    /// Where the kind is in [`TrapKind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The kind's name in logs, metrics (`kind` label) and `on-restart`.
     pub fn as_str(&self) -> &'static str {
         match self {
             TrapKind::CpuDeadline => "cpu_deadline",

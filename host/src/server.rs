@@ -8,7 +8,7 @@ use crate::agent::{AgentConfig, CallRules, Deployment, FailurePolicy};
 use crate::config::{ServeConfig, Tenant, TokenHash};
 use crate::connection::Dial;
 use crate::registry::{AgentRecord, Digest, DiskStore, Registry, RegistryError, VersionRecord};
-use crate::sandbox::{LoadError, Sandbox};
+use crate::sandbox::{Limits, LoadError, Sandbox};
 
 use crate::stats::{Counter, LiveSession, Stats};
 use std::collections::BTreeMap;
@@ -539,7 +539,7 @@ impl Server {
     fn rules(&self, tenant: &str, agent: &str, record: &AgentRecord) -> CallRules {
         let policy = record.failure_policy.clone();
         let limits = match self.tenant(tenant) {
-            Some(tenant) => tenant.agent_limits(agent).sandbox(tenant.http.clone()),
+            Some(tenant) => Limits::of(&tenant.agent_limits(agent), tenant.http.clone()),
             None => Default::default(),
         };
         CallRules {

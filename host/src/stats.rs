@@ -118,12 +118,8 @@ pub struct Stats {
     pub handler_errors: Counter,
     /// Guest log lines over the call's rate limit.
     pub log_dropped: Counter,
-    pub traps_panic: Counter,
-    pub traps_cpu: Counter,
-    pub traps_wall: Counter,
-    pub traps_memory: Counter,
-    pub traps_stack: Counter,
-    pub traps_other: Counter,
+    /// Traps contained, by kind, in the order of [`TrapKind::ALL`].
+    traps: [Counter; TrapKind::ALL.len()],
     pub restarts: Counter,
     pub policies_applied: Counter,
     /// Calls over a session cap: given the failure policy at once, never a guest.
@@ -135,15 +131,12 @@ pub struct Stats {
 
 impl Stats {
     pub fn trap(&self, kind: TrapKind) {
-        match kind {
-            TrapKind::Panic => &self.traps_panic,
-            TrapKind::CpuDeadline => &self.traps_cpu,
-            TrapKind::WallDeadline => &self.traps_wall,
-            TrapKind::Memory => &self.traps_memory,
-            TrapKind::StackOverflow => &self.traps_stack,
-            TrapKind::Other => &self.traps_other,
-        }
-        .inc();
+        self.traps[kind.index()].inc();
+    }
+
+    /// Traps of this kind contained so far.
+    pub fn trapped(&self, kind: TrapKind) -> u64 {
+        self.traps[kind.index()].get()
     }
 
     pub fn handled(&self, event: &Event, took: Duration) {
@@ -173,18 +166,9 @@ impl Stats {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Traps of every kind contained so far.
     pub fn traps(&self) -> u64 {
-        [
-            &self.traps_panic,
-            &self.traps_cpu,
-            &self.traps_wall,
-            &self.traps_memory,
-            &self.traps_stack,
-            &self.traps_other,
-        ]
-        .iter()
-        .map(|c| c.get())
-        .sum()
+        self.traps.iter().map(Counter::get).sum()
     }
 }
 
@@ -213,16 +197,12 @@ impl fmt::Display for Stats {
         )?;
         writeln!(f, "resumes             {}", self.resumes.get())?;
         writeln!(f, "handler errors      {}", self.handler_errors.get())?;
+        let kinds = TrapKind::ALL.map(|kind| format!("{} {}", kind.as_str(), self.trapped(kind)));
         writeln!(
             f,
-            "traps contained     {} (panic {}, cpu {}, memory {}, stack {}, wall {}, other {})",
+            "traps contained     {} ({})",
             self.traps(),
-            self.traps_panic.get(),
-            self.traps_cpu.get(),
-            self.traps_memory.get(),
-            self.traps_stack.get(),
-            self.traps_wall.get(),
-            self.traps_other.get()
+            kinds.join(", ")
         )?;
         writeln!(f, "restarts            {}", self.restarts.get())?;
         writeln!(f, "over a session cap  {}", self.sessions_refused.get())?;

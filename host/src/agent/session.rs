@@ -6,6 +6,7 @@
 use super::{Agent, Deployment, FailurePolicy};
 use crate::admission::Permit;
 use crate::call::{CallKey, CallLimits, GuestEvent, Media, Refused, ToolAnswer};
+use crate::limits;
 use crate::protocol::{frames, Frame};
 use crate::sandbox::wit::{self, Call as CallInfo, Direction, Level, Party};
 use crate::sandbox::{Calls, Event, Instance, Limits, Outcome, TrapKind};
@@ -38,8 +39,8 @@ impl Default for CallRules {
     fn default() -> Self {
         CallRules {
             limits: Limits::default(),
-            max_traps: 3,
-            trap_window: Duration::from_secs(60),
+            max_traps: limits::MAX_TRAPS,
+            trap_window: limits::TRAP_WINDOW,
             policy: FailurePolicy::HangUp,
             call: CallLimits::default(),
             state_bytes: 64 << 10,

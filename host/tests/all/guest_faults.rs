@@ -7,7 +7,7 @@ use crate::harness::Host;
 use sentsim::Call;
 use std::time::{Duration, Instant};
 use voicehost::agent::{CallRules, FailurePolicy};
-use voicehost::sandbox::Limits;
+use voicehost::sandbox::{Limits, TrapKind};
 
 /// 20 ms of 16-bit mono audio at 16000 Hz.
 const FRAME_BYTES: usize = 640;
@@ -75,7 +75,7 @@ async fn a_panic_on_one_session_leaves_the_audio_of_another_on_the_same_connecti
 
     let stats = &host.stats;
     assert_eq!(stats.traps(), 1, "{stats}");
-    assert_eq!(stats.traps_panic.get(), 1, "{stats}");
+    assert_eq!(stats.trapped(TrapKind::Panic), 1, "{stats}");
     assert_eq!(stats.restarts.get(), 1, "{stats}");
     assert_eq!(stats.audio_dropped.get(), 0, "{stats}");
     assert_eq!(stats.audio_out.get(), 50, "{stats}");
@@ -106,7 +106,7 @@ async fn an_endless_loop_is_interrupted_at_its_cpu_deadline_and_the_session_goes
 
     let stats = &host.stats;
     assert_eq!(stats.traps(), 1, "{stats}");
-    assert_eq!(stats.traps_cpu.get(), 1, "{stats}");
+    assert_eq!(stats.trapped(TrapKind::CpuDeadline), 1, "{stats}");
     assert_eq!(stats.restarts.get(), 1, "{stats}");
     host.finish().await;
 }
@@ -131,7 +131,7 @@ async fn the_memory_hog_is_refused_at_its_cap_and_the_session_goes_on() {
 
     let stats = &host.stats;
     assert_eq!(stats.traps(), 1, "{stats}");
-    assert_eq!(stats.traps_memory.get(), 1, "{stats}");
+    assert_eq!(stats.trapped(TrapKind::Memory), 1, "{stats}");
     assert_eq!(stats.restarts.get(), 1, "{stats}");
     host.finish().await;
 }
@@ -149,7 +149,7 @@ async fn unbounded_recursion_traps_as_a_stack_overflow_and_the_session_goes_on()
 
     let stats = &host.stats;
     assert_eq!(stats.traps(), 1, "{stats}");
-    assert_eq!(stats.traps_stack.get(), 1, "{stats}");
+    assert_eq!(stats.trapped(TrapKind::StackOverflow), 1, "{stats}");
     assert_eq!(stats.restarts.get(), 1, "{stats}");
     host.finish().await;
 }
@@ -174,7 +174,7 @@ async fn saved_state_is_read_back_by_the_fresh_instance_after_a_trap() {
     call.expect_say("utterances: 4").await.unwrap();
 
     let stats = &host.stats;
-    assert_eq!(stats.traps_panic.get(), 1, "{stats}");
+    assert_eq!(stats.trapped(TrapKind::Panic), 1, "{stats}");
     assert_eq!(stats.restarts.get(), 1, "{stats}");
     host.finish().await;
 }
@@ -200,7 +200,7 @@ async fn three_traps_within_a_minute_hang_up_under_the_default_policy() {
         .unwrap();
 
     let stats = &host.stats;
-    assert_eq!(stats.traps_panic.get(), 3, "{stats}");
+    assert_eq!(stats.trapped(TrapKind::Panic), 3, "{stats}");
     // The third trap is not followed by a fresh instance: the host gave up on the agent for this call.
     assert_eq!(stats.restarts.get(), 2, "{stats}");
     assert_eq!(stats.policies_applied.get(), 1, "{stats}");
@@ -232,7 +232,7 @@ async fn three_traps_within_a_minute_transfer_under_a_transfer_policy() {
         .unwrap();
 
     let stats = &host.stats;
-    assert_eq!(stats.traps_panic.get(), 3, "{stats}");
+    assert_eq!(stats.trapped(TrapKind::Panic), 3, "{stats}");
     assert_eq!(stats.policies_applied.get(), 1, "{stats}");
     host.finish().await;
 }

@@ -1,0 +1,98 @@
+//! The limits' one table: the defaults that `voicehost run`'s flags, the config of `voicehost serve` and the
+//! sandbox all start from, and the engine's caps that no setting may pass. A leaf: it imports nothing of
+//! the host's.
+
+use std::time::Duration;
+
+/// The limits of one agent's calls, every value known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedLimits {
+    /// Linear memory per call's instance.
+    pub memory_mib: u64,
+    /// Guest CPU time per handler call.
+    pub cpu_ms: u64,
+    /// Wall-clock time per handler call, waits in `tool` and HTTP included.
+    pub wall_ms: u64,
+    /// Concurrent calls.
+    pub max_sessions: usize,
+    /// Guest log lines per second per call.
+    pub log_lines_per_second: u32,
+    /// The largest component an upload may be.
+    pub component_mib: u64,
+}
+
+/// The defaults, for a voice agent: a handler answers within a turn (200 ms of CPU is far more than a
+/// reply needs), 64 MiB holds a Python or JavaScript runtime with room, a component up to 40 MiB fits
+/// Python (18 MB) and StarlingMonkey (12 MB).
+pub const DEFAULTS: ResolvedLimits = ResolvedLimits {
+    memory_mib: 64,
+    cpu_ms: 200,
+    wall_ms: 60_000,
+    max_sessions: 100,
+    log_lines_per_second: 20,
+    component_mib: 40,
+};
+
+/// Traps within [`TRAP_WINDOW`] after which a call gets its failure policy.
+pub const MAX_TRAPS: usize = 3;
+pub const TRAP_WINDOW: Duration = Duration::from_secs(60);
+
+/// The most linear memory one instance's memory may have: the pooling allocator reserves this much
+/// address space per memory slot, so no limit may be set above it.
+pub const MAX_MEMORY_MIB: u64 = 1024;
+
+impl ResolvedLimits {
+    pub fn component_bytes(&self) -> u64 {
+        self.component_mib << 20
+    }
+
+    /// What in these limits the engine cannot run, or that would leave every call unservable, said as
+    /// the setting's name and the bound.
+    pub fn check(&self) -> Result<(), String> {
+        let positive = [
+            ("memory_mib", self.memory_mib),
+            ("cpu_ms", self.cpu_ms),
+            ("wall_ms", self.wall_ms),
+            ("component_mib", self.component_mib),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err(format!("{name} must be more than 0"));
+        }
+        if self.memory_mib > MAX_MEMORY_MIB {
+            return Err(format!(
+                "memory_mib = {} is over the engine's cap of {MAX_MEMORY_MIB} MiB per memory",
+                self.memory_mib
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_pass_their_own_check() {
+        assert_eq!(DEFAULTS.check(), Ok(()));
+    }
+
+    #[test]
+    fn memory_over_the_engines_cap_or_a_zero_bound_is_refused() {
+        let over = ResolvedLimits {
+            memory_mib: MAX_MEMORY_MIB + 1,
+            ..DEFAULTS
+        };
+        assert!(over.check().unwrap_err().contains("memory_mib"));
+        let at = ResolvedLimits {
+            memory_mib: MAX_MEMORY_MIB,
+            ..DEFAULTS
+        };
+        assert_eq!(at.check(), Ok(()));
+        let zero = ResolvedLimits {
+            cpu_ms: 0,
+            ..DEFAULTS
+        };
+        assert_eq!(zero.check(), Err("cpu_ms must be more than 0".into()));
+    }
+}
