@@ -298,7 +298,7 @@ async fn tenant_metrics(State(server): State<Arc<Server>>, Tenant(tenant): Tenan
 }
 
 fn prometheus(text: String) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
 }
 
 async fn list_agents(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Response {

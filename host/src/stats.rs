@@ -47,7 +47,7 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0,
 ];
 
-/// A latency histogram with fixed buckets (cumulative when rendered, as Prometheus wants).
+/// A latency histogram with fixed buckets, lock-free to observe (cumulative when rendered).
 #[derive(Default, Debug)]
 pub struct Histogram {
     /// Observations per bucket (not cumulative); the last one is above every bound.
@@ -67,16 +67,9 @@ impl Histogram {
             .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// The count at or below each bound, then the total.
-    pub fn cumulative(&self) -> Vec<u64> {
-        let mut total = 0;
-        self.buckets
-            .iter()
-            .map(|b| {
-                total += b.load(Ordering::Relaxed);
-                total
-            })
-            .collect()
+    /// Observations in each bucket (not cumulative), the last above every bound.
+    pub fn counts(&self) -> [u64; LATENCY_BUCKETS.len() + 1] {
+        std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed))
     }
 
     pub fn sum_seconds(&self) -> f64 {
@@ -220,11 +213,15 @@ mod tests {
         histogram.observe(Duration::from_micros(30));
         histogram.observe(Duration::from_micros(100));
         histogram.observe(Duration::from_secs(9));
-        let cumulative = histogram.cumulative();
-        assert_eq!(cumulative[0], 1, "30 µs is under 50 µs");
-        assert_eq!(cumulative[1], 2, "100 µs is at the 100 µs bound");
-        assert_eq!(cumulative[LATENCY_BUCKETS.len() - 1], 2);
-        assert_eq!(cumulative[LATENCY_BUCKETS.len()], 3, "9 s only in +Inf");
+        let counts = histogram.counts();
+        assert_eq!(counts[0], 1, "30 µs is under 50 µs");
+        assert_eq!(counts[1], 1, "100 µs is at the 100 µs bound");
+        assert_eq!(counts[2..LATENCY_BUCKETS.len()].iter().sum::<u64>(), 0);
+        assert_eq!(
+            counts[LATENCY_BUCKETS.len()],
+            1,
+            "9 s only above every bound"
+        );
         assert!((histogram.sum_seconds() - 9.00013).abs() < 1e-9);
     }
 }
