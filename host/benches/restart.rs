@@ -33,7 +33,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use voicehost::config::token_sha256;
-use voicehost::registry::Digest;
+use voicehost::content::Digest;
 
 const BIN: &str = env!("CARGO_BIN_EXE_voicehost");
 const KEY: &str = "sk_restart_bench_key";

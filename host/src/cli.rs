@@ -217,7 +217,7 @@ fn new_token() -> Result<String> {
     std::fs::File::open("/dev/urandom")
         .and_then(|mut random| random.read_exact(&mut bytes))
         .context("cannot read /dev/urandom")?;
-    Ok(format!("vh_{}", voicehost::registry::hex(&bytes)))
+    Ok(format!("vh_{}", voicehost::content::hex(&bytes)))
 }
 
 // ---------------------------------------------------------------------------------------------------

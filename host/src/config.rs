@@ -211,7 +211,7 @@ impl Tenant {
 
 /// The hash the config holds for an admin token.
 pub fn token_sha256(token: &str) -> String {
-    crate::registry::hex(&Sha256::digest(token.as_bytes()))
+    crate::content::hex(&Sha256::digest(token.as_bytes()))
 }
 
 fn default_sent_url() -> String {

@@ -15,6 +15,7 @@ pub mod agent;
 pub mod call;
 pub mod config;
 pub mod connection;
+pub mod content;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -3,57 +3,13 @@
 //! the index is written whole and atomically: after a crash the registry is the one before or after it.
 
 use crate::call::FailurePolicy;
+use crate::content::{write_atomically, Digest};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
-use std::fmt;
-use std::path::{Path, PathBuf};
-
-/// The content address of a component: `sha256:` and 64 lowercase hex digits.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Digest(String);
-
-impl Digest {
-    /// The address of `bytes`.
-    pub fn of(bytes: &[u8]) -> Digest {
-        Digest(format!("sha256:{}", hex(&Sha256::digest(bytes))))
-    }
-
-    /// Parses an address, refusing anything else (so it is always safe as a file name).
-    pub fn parse(text: &str) -> Result<Digest, StoreError> {
-        let hex = text.strip_prefix("sha256:").unwrap_or_default();
-        if hex.len() == 64
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
-            Ok(Digest(text.to_string()))
-        } else {
-            Err(StoreError::BadDigest(text.chars().take(80).collect()))
-        }
-    }
-
-    /// The 64 hex digits alone.
-    pub fn hex(&self) -> &str {
-        &self.0["sha256:".len()..]
-    }
-}
-
-impl fmt::Display for Digest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// Bytes in lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("not a component digest: {0:?}")]
-    BadDigest(String),
     #[error("no component {0}")]
     NotFound(Digest),
     /// What is stored no longer hashes to its address.
@@ -143,18 +99,6 @@ impl ComponentStore for DiskStore {
     }
 }
 
-/// Writes next to the final name, flushes to disk, then renames: a reader sees the whole file or none, even
-/// after a crash.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let partial = path.with_extension(format!("partial-{}", std::process::id()));
-    let mut file = std::fs::File::create(&partial)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&partial, path)
-}
-
 // ----- tenants, agents, versions -----
 
 /// One uploaded version of an agent.
@@ -189,19 +133,6 @@ impl AgentRecord {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Index {
     pub tenants: BTreeMap<String, BTreeMap<String, AgentRecord>>,
-}
-
-impl Serialize for Digest {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for Digest {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Digest, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        Digest::parse(&text).map_err(serde::de::Error::custom)
-    }
 }
 
 /// Why the registry refused a change.
@@ -557,20 +488,5 @@ mod tests {
         assert!(registry.delete_agent("globex", "agent_a").is_err());
         assert_eq!(registry.agents("globex").count(), 0);
         assert_eq!(registry.agents("acme").count(), 1);
-    }
-
-    #[test]
-    fn only_a_sha256_digest_parses() {
-        let good = Digest::of(b"x").to_string();
-        assert_eq!(Digest::parse(&good).unwrap().to_string(), good);
-        for bad in [
-            "",
-            "sha256:",
-            "sha256:../../etc/passwd",
-            "md5:00",
-            &good.to_uppercase(),
-        ] {
-            assert!(Digest::parse(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -5,7 +5,7 @@
 //! `InstancePre`; the session then calls `on-restart`. Guests may make HTTP requests through `wasi:http`,
 //! only to the origins of [`Limits::http`] (see [`crate::outbound`]); by default none.
 
-use crate::registry::Digest;
+use crate::content::{write_atomically, Digest};
 use anyhow::Result;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
@@ -275,7 +275,7 @@ fn store_atomically(path: &Path, component: &Component) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    crate::registry::write_atomically(path, &bytes)?;
+    write_atomically(path, &bytes)?;
     Ok(())
 }
 

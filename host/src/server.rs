@@ -7,7 +7,8 @@ use crate::admission::{Admission, Gate};
 use crate::agent::{AgentConfig, CallRules, Deployment, FailurePolicy};
 use crate::config::{ServeConfig, Tenant, TokenHash};
 use crate::connection::Dial;
-use crate::registry::{AgentRecord, Digest, DiskStore, Registry, RegistryError, VersionRecord};
+use crate::content::Digest;
+use crate::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::sandbox::{Limits, LoadError, Sandbox};
 
 use crate::stats::{Counter, LiveSession, Stats};
