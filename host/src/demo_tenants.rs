@@ -2,7 +2,6 @@
 //! activated through the admin API over loopback, a call to each, what each tenant sees, the metrics, and
 //! a restart served from the compiled cache. Its data directory is a temporary one, removed at the end.
 
-use crate::cli::{agents_table, Body, Client};
 use anyhow::{Context as _, Result};
 use hyper::Method;
 use sentsim::sim::Account;
@@ -10,6 +9,7 @@ use sentsim::{Sim, SimConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use voicehost::cli::{agents_table, Body, Client};
 use voicehost::config::{token_sha256, ServeConfig};
 use voicehost::server::Server;
 

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use voicehost::admin;
 use voicehost::agent::{self, AgentConfig};
 use voicehost::agent::{CallRules, FailurePolicy};
+use voicehost::cli;
 use voicehost::config::ServeConfig;
 use voicehost::connection::Dial;
 use voicehost::outbound::{HttpPolicy, Origin};
@@ -19,7 +20,6 @@ use voicehost::sandbox::{Limits, Sandbox};
 use voicehost::server::Server;
 use voicehost::stats::Stats;
 
-mod cli;
 mod demo;
 mod demo_tenants;
 
