@@ -1,6 +1,5 @@
 //! The `voicehost` binary: `serve` hosts many tenants' agents with the admin API; `agents` and `token` are
-//! the operator's tools for it; `run` serves one agent's calls from a file; `demo` places calls through the
-//! embedded Sent simulator and prints what happened.
+//! the operator's tools for it; `run` serves one agent's calls from a file.
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
@@ -19,9 +18,6 @@ use voicehost::outbound::{HttpPolicy, Origin};
 use voicehost::sandbox::{Limits, Sandbox};
 use voicehost::server::Server;
 use voicehost::stats::Stats;
-
-mod demo;
-mod demo_tenants;
 
 #[derive(Parser)]
 #[command(
@@ -49,8 +45,6 @@ enum Command {
     Token(cli::TokenCommand),
     /// Serve one agent's calls until SIGINT or SIGTERM. The API key comes from SENT_API_KEY or --api-key-file.
     Run(RunArgs),
-    /// Start the Sent simulator on loopback, serve the example agents, place a few calls, print them.
-    Demo,
 }
 
 #[derive(clap::Args)]
@@ -109,7 +103,6 @@ fn start() -> Result<()> {
         Command::Agents(args) => runtime.block_on(cli::run(args)),
         Command::Token(command) => cli::token(command),
         Command::Run(args) => runtime.block_on(run(args)),
-        Command::Demo => runtime.block_on(demo::run()),
     }
 }
 

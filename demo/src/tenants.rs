@@ -1,4 +1,4 @@
-//! The second half of `voicehost demo`: `voicehost serve` in-process for two tenants, agents uploaded and
+//! The second half of the demo: `voicehost serve` in-process for two tenants, agents uploaded and
 //! activated through the admin API over loopback, a call to each, what each tenant sees, the metrics, and
 //! a restart served from the compiled cache. Its data directory is a temporary one, removed at the end.
 
@@ -92,7 +92,7 @@ async fn tour(dir: &Path) -> Result<()> {
     println!("admin API on {}", hosted.admin);
 
     for (tenant, token, _, agent, example) in TENANTS {
-        let wasm = crate::demo::component(example)?;
+        let wasm = crate::calls::component(example)?;
         let started = Instant::now();
         let path = format!("/v1/agents/{agent}/versions?activate=true");
         let version = hosted
@@ -112,7 +112,7 @@ async fn tour(dir: &Path) -> Result<()> {
         call.say("echo hello from the simulator");
         call.expect_say("hello from the simulator").await?;
         println!("\n{tenant}'s call to {agent}:");
-        crate::demo::transcript(&sim, &call);
+        crate::calls::transcript(&sim, &call);
         call.end("completed");
     }
 
