@@ -8,30 +8,37 @@ use std::process::Command;
 
 /// The wasm workspaces (relative to the repository's root) and the programs each holds: (crate, what it
 /// is). Only Rust crates: the other languages' folders hold their own toolchains (node_modules).
-const WORKSPACES: [(&str, &[(&str, &str)]); 1] = [(
-    "examples",
-    &[
-        ("conformance", "The example conformance agent."),
-        (
-            "llm",
-            "The example agent that asks a language model over `wasi:http`.",
-        ),
-        ("panicker", "A test guest: panics on \"panic\"."),
-        ("looper", "A test guest: spins forever on \"loop\"."),
-        (
-            "hog",
-            "A test guest: grows its memory until that fails on \"grow\".",
-        ),
-        (
-            "recursor",
-            "A test guest: recurses without bound on \"recurse\".",
-        ),
-        (
-            "prober",
-            "The pressure scenarios' test guest: audio of its own, floods, big sends.",
-        ),
-    ],
-)];
+const WORKSPACES: [(&str, &[(&str, &str)]); 2] = [
+    (
+        "examples",
+        &[
+            ("conformance", "The example conformance agent."),
+            (
+                "llm",
+                "The example agent that asks a language model over `wasi:http`.",
+            ),
+        ],
+    ),
+    (
+        "tests/programs/guests",
+        &[
+            ("panicker", "A test guest: panics on \"panic\"."),
+            ("looper", "A test guest: spins forever on \"loop\"."),
+            (
+                "hog",
+                "A test guest: grows its memory until that fails on \"grow\".",
+            ),
+            (
+                "recursor",
+                "A test guest: recurses without bound on \"recurse\".",
+            ),
+            (
+                "prober",
+                "The pressure scenarios' test guest: audio of its own, floods, big sends.",
+            ),
+        ],
+    ),
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
