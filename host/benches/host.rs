@@ -59,8 +59,8 @@ fn main() -> Result<()> {
     let started = Instant::now();
     let mut report = Report::default();
 
-    let wasm = std::fs::read(format!("{}/conformance.wasm", env!("VOICEHOST_GUESTS")))
-        .context("the conformance component (built by host/build.rs)")?;
+    let wasm = std::fs::read(voicehost_test_programs::CONFORMANCE)
+        .context("the conformance component (built by voicehost-test-programs)")?;
     let sandbox = Sandbox::new()?;
     let mut compiles = Vec::new();
     let mut code = None;
@@ -96,10 +96,7 @@ fn main() -> Result<()> {
     // The same conformance agent in every language that is built (scripts/test builds them all).
     let guests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/guests");
     let languages = [
-        (
-            "Rust",
-            format!("{}/conformance.wasm", env!("VOICEHOST_GUESTS")),
-        ),
+        ("Rust", voicehost_test_programs::CONFORMANCE.to_string()),
         ("C", guests.join("c/conformance.wasm").display().to_string()),
         (
             "JavaScript (QuickJS)",

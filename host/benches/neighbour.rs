@@ -30,8 +30,8 @@ fn main() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let wasm = std::fs::read(format!("{}/prober.wasm", env!("VOICEHOST_GUESTS")))
-        .context("the prober component (built by host/build.rs)")?;
+    let wasm = std::fs::read(voicehost_test_programs::PROBER)
+        .context("the prober component (built by voicehost-test-programs)")?;
     let sandbox = Sandbox::new()?;
     let code = sandbox.load(&wasm)?;
     let mut rows = Vec::new();

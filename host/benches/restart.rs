@@ -58,7 +58,7 @@ struct Agent {
 fn main() -> Result<()> {
     let started = Instant::now();
     let guests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/guests");
-    let rust = PathBuf::from(format!("{}/conformance.wasm", env!("VOICEHOST_GUESTS")));
+    let rust = PathBuf::from(voicehost_test_programs::CONFORMANCE);
     // The ids sort in this order, which is the order the host loads them in at start (the registry's).
     let every = [
         ("agent_c", "C", guests.join("c/conformance.wasm")),
@@ -98,7 +98,7 @@ fn main() -> Result<()> {
             }
             Err(error) => {
                 return Err(anyhow!(error)).context(format!(
-                    "the Rust conformance component {} (host/build.rs builds it)",
+                    "the Rust conformance component {} (voicehost-test-programs builds it)",
                     path.display()
                 ))
             }

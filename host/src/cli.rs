@@ -2,6 +2,8 @@
 //! (described in `host/openapi.json`). The client speaks plain HTTP/1.1 over hyper, one request per
 //! connection, and never shows the admin token: not in output, not in an error.
 
+use crate::call::FailurePolicy;
+use crate::config::token_sha256;
 use anyhow::{anyhow, bail, Context as _, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
@@ -15,8 +17,6 @@ use std::io::{BufRead as _, IsTerminal as _, Read as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::net::TcpStream;
-use voicehost::call::FailurePolicy;
-use voicehost::config::token_sha256;
 
 /// Where `voicehost serve` listens for admin requests unless told otherwise.
 const DEFAULT_ADMIN: &str = "http://127.0.0.1:7070";
@@ -153,13 +153,13 @@ pub fn token(command: TokenCommand) -> Result<()> {
 // ---------------------------------------------------------------------------------------------------
 // Arguments
 
-/// An agent id as the API takes it (the config's rule, [`voicehost::config::valid_agent_id`]; safe in a
+/// An agent id as the API takes it (the config's rule, [`crate::config::valid_agent_id`]; safe in a
 /// URL path as it is).
 fn agent_id(text: &str) -> Result<String, String> {
-    if voicehost::config::valid_agent_id(text) {
+    if crate::config::valid_agent_id(text) {
         Ok(text.to_string())
     } else {
-        Err(voicehost::config::AGENT_ID_RULE.into())
+        Err(crate::config::AGENT_ID_RULE.into())
     }
 }
 
@@ -217,7 +217,7 @@ fn new_token() -> Result<String> {
     std::fs::File::open("/dev/urandom")
         .and_then(|mut random| random.read_exact(&mut bytes))
         .context("cannot read /dev/urandom")?;
-    Ok(format!("vh_{}", voicehost::content::hex(&bytes)))
+    Ok(format!("vh_{}", crate::content::hex(&bytes)))
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -317,13 +317,13 @@ impl fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
-pub(crate) enum Body {
+pub enum Body {
     Empty,
     Json(Value),
     Wasm(Vec<u8>),
 }
 
-pub(crate) struct Client {
+pub struct Client {
     admin: AdminUrl,
     token: String,
     /// For the whole request: connecting, sending, the host's work, the answer.
@@ -332,7 +332,7 @@ pub(crate) struct Client {
 
 impl Client {
     /// A client of the admin API at `admin` (`http://host:port`), as the tenant whose token this is.
-    pub(crate) fn new(admin: &str, token: String, timeout: Duration) -> Result<Client> {
+    pub fn new(admin: &str, token: String, timeout: Duration) -> Result<Client> {
         Ok(Client {
             admin: AdminUrl::parse(admin)?,
             token,
@@ -353,7 +353,7 @@ impl Client {
     }
 
     /// A request whose answer must be JSON.
-    pub(crate) async fn json(&self, method: Method, path: &str, body: Body) -> Result<Value> {
+    pub async fn json(&self, method: Method, path: &str, body: Body) -> Result<Value> {
         self.send(method, path, body).await?.with_context(|| {
             format!(
                 "{} answered with no body where JSON was expected",
@@ -679,7 +679,7 @@ fn status_text(agent: &Value) -> String {
     }
 }
 
-pub(crate) fn agents_table(answer: &Value) -> String {
+pub fn agents_table(answer: &Value) -> String {
     let agents = answer["agents"]
         .as_array()
         .map(Vec::as_slice)

@@ -7,12 +7,14 @@
 //!
 //! `voicehost serve` adds the multi-tenant layer around it: [`config`] (the tenants and their limits),
 //! [`registry`] (agents and versions on disk), [`server`] (one agent per active version, activation),
-//! [`admission`] (session caps), [`admin`] (the HTTP API) and [`metrics`].
+//! [`admission`] (session caps), [`admin`] (the HTTP API) and [`metrics`]; [`cli`] is the operator's
+//! side of the admin API (`voicehost agents` and `voicehost token`, and their HTTP client).
 
 pub mod admin;
 pub mod admission;
 pub mod agent;
 pub mod call;
+pub mod cli;
 pub mod config;
 pub mod connection;
 pub mod content;

@@ -1,6 +1,5 @@
 //! The `voicehost` binary: `serve` hosts many tenants' agents with the admin API; `agents` and `token` are
-//! the operator's tools for it; `run` serves one agent's calls from a file; `demo` places calls through the
-//! embedded Sent simulator and prints what happened.
+//! the operator's tools for it; `run` serves one agent's calls from a file.
 
 use anyhow::{anyhow, Context as _, Result};
 use clap::{Parser, Subcommand};
@@ -12,6 +11,7 @@ use tokio::sync::watch;
 use voicehost::admin;
 use voicehost::agent::{self, AgentConfig};
 use voicehost::agent::{CallRules, FailurePolicy};
+use voicehost::cli;
 use voicehost::config::ServeConfig;
 use voicehost::connection::Dial;
 use voicehost::limits::{self, ResolvedLimits};
@@ -19,10 +19,6 @@ use voicehost::outbound::{HttpPolicy, Origin};
 use voicehost::sandbox::{Limits, Sandbox};
 use voicehost::server::Server;
 use voicehost::stats::Stats;
-
-mod cli;
-mod demo;
-mod demo_tenants;
 
 #[derive(Parser)]
 #[command(
@@ -50,8 +46,6 @@ enum Command {
     Token(cli::TokenCommand),
     /// Serve one agent's calls until SIGINT or SIGTERM. The API key comes from SENT_API_KEY or --api-key-file.
     Run(RunArgs),
-    /// Start the Sent simulator on loopback, serve the example agents, place a few calls, print them.
-    Demo,
 }
 
 #[derive(clap::Args)]
@@ -114,7 +108,6 @@ fn start() -> Result<()> {
         Command::Agents(args) => runtime.block_on(cli::run(args)),
         Command::Token(command) => cli::token(command),
         Command::Run(args) => runtime.block_on(run(args)),
-        Command::Demo => runtime.block_on(demo::run()),
     }
 }
 

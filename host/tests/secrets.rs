@@ -69,7 +69,7 @@ fn tokens(sim: &Sim) -> Vec<String> {
 #[test]
 fn secrets_never_logged_at_trace() {
     // Compiled before the log is set up: Cranelift's own trace output is large and beside the point.
-    let wasm = std::fs::read(format!("{}/conformance.wasm", env!("VOICEHOST_GUESTS"))).unwrap();
+    let wasm = voicehost_test_programs::read("conformance");
     let code = Sandbox::new().unwrap().load(&wasm).unwrap();
     let held = Captured::default();
     let plain = Captured::default();

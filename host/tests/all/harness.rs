@@ -38,8 +38,7 @@ pub fn init_tracing() {
 }
 
 pub fn guest(name: &str) -> Vec<u8> {
-    let path = format!("{}/{name}.wasm", env!("VOICEHOST_GUESTS"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    voicehost_test_programs::read(name)
 }
 
 /// The simulator and a host serving one example agent on it.
@@ -51,7 +50,7 @@ pub struct Host {
 }
 
 impl Host {
-    /// A host serving the example agent `agent` (built by build.rs).
+    /// A host serving the guest program `agent` (built by voicehost-test-programs).
     pub async fn start(agent: &str, rules: CallRules) -> Host {
         Host::serve(&guest(agent), rules).await
     }

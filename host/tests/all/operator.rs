@@ -184,11 +184,11 @@ async fn an_operator_serves_an_uploaded_agent_restarts_from_the_cache_and_no_sec
 
     let served = Served::start(&config);
     served.healthy().await;
-    let wasm = format!("{}/conformance.wasm", env!("VOICEHOST_GUESTS"));
+    let wasm = voicehost_test_programs::CONFORMANCE;
     let uploaded = agents(
         &served.admin,
         &token,
-        &["upload", AGENT, &wasm, "--activate"],
+        &["upload", AGENT, wasm, "--activate"],
     );
     let mut said = Vec::new();
     let conn = sim.connection_for(Some(AGENT)).await.unwrap();

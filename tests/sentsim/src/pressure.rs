@@ -57,7 +57,7 @@ const SHORT_WINDOW: Needs = Needs {
     ..Needs::CONFORMANCE
 };
 
-/// voicehost's prober guest (`examples/prober`).
+/// voicehost's prober guest (`tests/programs/guests/prober`).
 const PROBER: Needs = Needs {
     agent: AgentKind::Prober,
     ..Needs::CONFORMANCE

@@ -58,7 +58,7 @@ pub enum AgentKind {
     /// voicehost's Rust conformance component (`examples/conformance`): §9.2 plus `panic`, which traps
     /// its instance.
     VoicehostConformance,
-    /// voicehost's test guest `examples/prober`: audio of its own, floods, oversized sends.
+    /// voicehost's test guest `tests/programs/guests/prober`: audio of its own, floods, oversized sends.
     Prober,
 }
 

@@ -1,6 +1,6 @@
-//! `voicehost demo`: the embedded Sent simulator on loopback, voicehost serving the example conformance and
+//! The demo's calls: the embedded Sent simulator on loopback, voicehost serving the example conformance and
 //! panicker agents, a few real calls (text, audio, a panic, a dropped connection), their transcripts and a
-//! summary; then `voicehost serve` for two tenants ([`crate::demo_tenants`]).
+//! summary; then `voicehost serve` for two tenants ([`crate::tenants`]).
 
 use anyhow::{Context as _, Result};
 use sentsim::{Call, Dir, Sim, SimConfig, What};
@@ -18,8 +18,8 @@ const CONFORMANCE: &str = "agent_conformance";
 const PANICKER: &str = "agent_panicker";
 
 pub fn component(name: &str) -> Result<Vec<u8>> {
-    let path = format!("{}/{name}.wasm", env!("VOICEHOST_GUESTS"));
-    std::fs::read(&path).with_context(|| format!("cannot read the example agent {path}"))
+    let path = voicehost_test_programs::path(name);
+    std::fs::read(path).with_context(|| format!("cannot read the example agent {path}"))
 }
 
 pub async fn run() -> Result<()> {
@@ -68,7 +68,7 @@ pub async fn run() -> Result<()> {
     sim.shutdown();
     println!("\n== summary\n{stats}");
     result?;
-    crate::demo_tenants::run().await
+    crate::tenants::run().await
 }
 
 async fn calls(sim: &Sim, stats: &Stats) -> Result<()> {

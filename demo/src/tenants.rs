@@ -1,8 +1,7 @@
-//! The second half of `voicehost demo`: `voicehost serve` in-process for two tenants, agents uploaded and
+//! The second half of the demo: `voicehost serve` in-process for two tenants, agents uploaded and
 //! activated through the admin API over loopback, a call to each, what each tenant sees, the metrics, and
 //! a restart served from the compiled cache. Its data directory is a temporary one, removed at the end.
 
-use crate::cli::{agents_table, Body, Client};
 use anyhow::{Context as _, Result};
 use hyper::Method;
 use sentsim::sim::Account;
@@ -10,6 +9,7 @@ use sentsim::{Sim, SimConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use voicehost::cli::{agents_table, Body, Client};
 use voicehost::config::{token_sha256, ServeConfig};
 use voicehost::server::Server;
 
@@ -92,7 +92,7 @@ async fn tour(dir: &Path) -> Result<()> {
     println!("admin API on {}", hosted.admin);
 
     for (tenant, token, _, agent, example) in TENANTS {
-        let wasm = crate::demo::component(example)?;
+        let wasm = crate::calls::component(example)?;
         let started = Instant::now();
         let path = format!("/v1/agents/{agent}/versions?activate=true");
         let version = hosted
@@ -112,7 +112,7 @@ async fn tour(dir: &Path) -> Result<()> {
         call.say("echo hello from the simulator");
         call.expect_say("hello from the simulator").await?;
         println!("\n{tenant}'s call to {agent}:");
-        crate::demo::transcript(&sim, &call);
+        crate::calls::transcript(&sim, &call);
         call.end("completed");
     }
 
