@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use voicehost::agent::CallRules;
+use voicehost::agent::Dial;
 use voicehost::agent::{self, AgentConfig};
-use voicehost::connection::Dial;
 use voicehost::sandbox::Sandbox;
 use voicehost::stats::Stats;
 

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use voicehost::cli::{agents_table, Body, Client};
-use voicehost::config::{token_sha256, ServeConfig};
-use voicehost::server::Server;
+use voicehost::tenancy::Server;
+use voicehost::tenancy::{token_sha256, ServeConfig};
 
 /// The demo's tenants: (tenant, its admin token, its Sent key, its agent, the example it uploads).
 const TENANTS: [(&str, &str, &str, &str, &str); 2] = [

@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 use voicehost::agent::CallRules;
+use voicehost::agent::Dial;
 use voicehost::agent::{self, AgentConfig};
-use voicehost::connection::Dial;
 use voicehost::sandbox::wit::{
     Call, Direction, Level, Media, Party, Refused, ToolResult, UserSaid,
 };

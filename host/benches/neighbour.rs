@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use voicehost::agent::Dial;
 use voicehost::agent::{self, AgentConfig, CallRules};
-use voicehost::connection::Dial;
 use voicehost::sandbox::Sandbox;
 use voicehost::stats::Stats;
 

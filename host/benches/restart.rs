@@ -32,8 +32,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use voicehost::config::token_sha256;
 use voicehost::content::Digest;
+use voicehost::tenancy::token_sha256;
 
 const BIN: &str = env!("CARGO_BIN_EXE_voicehost");
 const KEY: &str = "sk_restart_bench_key";

@@ -1,32 +1,31 @@
 //! voicehost: serves Sent voice agent calls (protocol 0.2.0, `sent.voice.v1`), running each call's agent logic
 //! as a sandboxed WebAssembly component instance.
 //!
-//! Data flows one way: socket → [`connection`] (reader) → [`agent`] (its router routes by session or stream)
-//! → [`call`] (the call's state machine) → the call's task → [`sandbox`] (the guest) → the guest's imports
-//! → the call's state machine → the connection's outbox → writer → socket.
+//! Data flows one way: socket → [`agent::connection`] (reader) → [`agent`] (its router routes by session
+//! or stream) → [`call`] (the call's state machine) → the call's task → [`sandbox`] (the guest) → the
+//! guest's imports → the call's state machine → the connection's outbox → writer → socket.
 //!
-//! `voicehost serve` adds the multi-tenant layer around it: [`config`] (the tenants and their limits),
-//! [`registry`] (agents and versions on disk), [`server`] (one agent per active version, activation),
-//! [`admission`] (session caps), [`admin`] (the HTTP API) and [`metrics`]; [`cli`] is the operator's
-//! side of the admin API (`voicehost agents` and `voicehost token`, and their HTTP client).
+//! The modules, each importing only those below it: [`protocol`] (Sent's frames as they arrive: the
+//! intake's checks and bounds), [`content`] (content addresses, atomic files), [`sandbox`] (the engine,
+//! compiling, instances, their limits and HTTP policy), [`stats`] (what an agent counts), [`call`] (one
+//! call's rules), [`agent`] (one agent's connections, calls and admission), [`tenancy`] (`voicehost
+//! serve`: config, registry, the served agents), [`admin`] and [`metrics`] (the HTTP API), [`cli`] (the
+//! operator's side of the admin API: `voicehost agents` and `voicehost token`, and their HTTP client).
 
 pub mod admin;
-pub mod admission;
 pub mod agent;
 pub mod call;
 pub mod cli;
-pub mod config;
-pub mod connection;
 pub mod content;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod limits;
 pub mod logging;
 pub mod metrics;
-pub mod outbound;
 pub mod protocol;
-pub mod registry;
 pub mod sandbox;
-pub mod server;
 pub mod stats;
+pub mod tenancy;
+
+// The paths the admin API and the CLI still use, until they move into the layout too.
+use tenancy::{config, registry, server};

@@ -9,16 +9,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use voicehost::admin;
+use voicehost::agent::Dial;
 use voicehost::agent::{self, AgentConfig};
 use voicehost::agent::{CallRules, FailurePolicy};
 use voicehost::cli;
-use voicehost::config::ServeConfig;
-use voicehost::connection::Dial;
-use voicehost::limits::{self, ResolvedLimits};
-use voicehost::outbound::{HttpPolicy, Origin};
+use voicehost::sandbox::limits::{self, ResolvedLimits};
+use voicehost::sandbox::{HttpPolicy, Origin};
 use voicehost::sandbox::{Limits, Sandbox};
-use voicehost::server::Server;
 use voicehost::stats::Stats;
+use voicehost::tenancy::ServeConfig;
+use voicehost::tenancy::Server;
 
 #[derive(Parser)]
 #[command(

@@ -15,8 +15,8 @@ use tokio::sync::watch;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
+use voicehost::agent::Dial;
 use voicehost::agent::{self, AgentConfig, CallRules};
-use voicehost::connection::Dial;
 use voicehost::sandbox::Sandbox;
 use voicehost::stats::Stats;
 

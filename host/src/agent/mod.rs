@@ -5,18 +5,21 @@
 //! out what it asks while still holding the lock (queueing on a connection never waits), so that what the
 //! router decided reaches the sockets in the order it decided it.
 
+pub mod admission;
 mod backoff;
+pub mod connection;
 pub mod router;
 mod session;
 
 pub use crate::call::FailurePolicy;
+pub use connection::{ApiKey, ConnectError, Dial};
 pub use session::CallRules;
 
-use crate::admission::Admission;
 use crate::call::{CallKey, ConnId, Output, Refused, ToolAnswer};
-use crate::connection::{self, ConnectError, Dial, Event, Outbox, EVENTS_BOUND};
 use crate::sandbox::AgentCode;
 use crate::stats::Stats;
+use admission::Admission;
+use connection::{Event, Outbox, EVENTS_BOUND};
 use router::{Router, RouterConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -3,11 +3,11 @@
 //! cannot serve the call. The guest's imports ([`Port`]) reach the call's state machine through the
 //! agent's lock; what the protocol allows is decided there, not here.
 
+use super::admission::Permit;
 use super::{Agent, Deployment, FailurePolicy};
-use crate::admission::Permit;
 use crate::call::{CallKey, CallLimits, GuestEvent, Media, Refused, ToolAnswer};
-use crate::limits;
 use crate::protocol::{frames, Frame};
+use crate::sandbox::limits;
 use crate::sandbox::wit::{self, Call as CallInfo, Direction, Level, Party};
 use crate::sandbox::{Calls, Event, Instance, Limits, Outcome, TrapKind};
 use crate::stats::{LiveSession, Stats};

@@ -16,8 +16,8 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Bytes, Message};
 use tokio_tungstenite::WebSocketStream;
+use voicehost::agent::connection::{self, ConnectError, Dial, Event, Outbox};
 use voicehost::call::CallKey;
-use voicehost::connection::{self, ConnectError, Dial, Event, Outbox};
 use voicehost::stats::Stats;
 
 type Events = Receiver<(u64, Event)>;

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use voicehost::agent::CallRules;
 use voicehost::agent::{self, AgentConfig};
-use voicehost::connection::{ConnectError, Dial};
+use voicehost::agent::{ConnectError, Dial};
 use voicehost::sandbox::Sandbox;
 use voicehost::stats::Stats;
 

@@ -6,8 +6,8 @@ use sentsim::{ConnHandle, Sim, SimConfig};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
-use voicehost::config::{token_sha256, ServeConfig};
-use voicehost::server::Server;
+use voicehost::tenancy::Server;
+use voicehost::tenancy::{token_sha256, ServeConfig};
 
 pub const ACME_TOKEN: &str = "vh_acme_admin_token_do_not_leak";
 pub const GLOBEX_TOKEN: &str = "vh_globex_admin_token_do_not_leak";

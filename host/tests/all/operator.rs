@@ -222,7 +222,7 @@ async fn an_operator_serves_an_uploaded_agent_restarts_from_the_cache_and_no_sec
     let mut text = std::fs::read_to_string(&config).unwrap();
     text.push_str(&format!(
         "\n[[tenants]]\nid = \"second-co\"\ntoken_sha256 = \"{}\"\napi_key_file = \"{}\"\n",
-        voicehost::config::token_sha256(second),
+        voicehost::tenancy::token_sha256(second),
         dir.join("support.key").display()
     ));
     std::fs::write(&config, text).unwrap();

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use voicehost::agent::CallRules;
-use voicehost::outbound::{HttpPolicy, Origin};
 use voicehost::sandbox::Limits;
+use voicehost::sandbox::{HttpPolicy, Origin};
 
 /// A large answer: 64 KiB of JSON, over the 1 KiB cap of the tests that use it.
 const BIG: usize = 64 << 10;

@@ -5,7 +5,7 @@
 use crate::harness::Host;
 use sentsim::suite::{self, Ctx, Profile};
 use voicehost::agent::CallRules;
-use voicehost::connection::ConnectError;
+use voicehost::agent::ConnectError;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn voicehost_passes_every_scenario_with_the_rust_conformance_agent() {

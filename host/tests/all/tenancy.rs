@@ -586,7 +586,7 @@ async fn with_a_metrics_token_only_the_operator_reads_the_metrics() {
     let operator = "vh_operator_metrics_token";
     let top = format!(
         "[admin]\nmetrics_token_sha256 = \"{}\"",
-        voicehost::config::token_sha256(operator)
+        voicehost::tenancy::token_sha256(operator)
     );
     let hosting = Hosting::start_with("metrics-token", &top, "").await;
     for token in [None, Some(ACME_TOKEN), Some("vh_guess")] {

@@ -3,13 +3,13 @@
 //! admin API activates, rolls back, or deletes versions. Registry changes happen one at a time, under one
 //! lock; serving calls never takes it.
 
-use crate::admission::{Admission, Gate};
+use crate::agent::admission::{Admission, Gate};
+use crate::agent::connection::Dial;
 use crate::agent::{AgentConfig, CallRules, Deployment, FailurePolicy};
-use crate::config::{ServeConfig, Tenant, TokenHash};
-use crate::connection::Dial;
 use crate::content::Digest;
-use crate::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::sandbox::{Limits, LoadError, Sandbox};
+use crate::tenancy::config::{ServeConfig, Tenant, TokenHash};
+use crate::tenancy::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 
 use crate::stats::{Counter, LiveSession, Stats};
 use std::collections::BTreeMap;
@@ -620,13 +620,13 @@ fn key(tenant: &str, agent: &str) -> (String, String) {
 }
 
 fn check_agent_id(agent: &str) -> Result<(), ServeError> {
-    if crate::config::valid_agent_id(agent) {
+    if crate::tenancy::config::valid_agent_id(agent) {
         Ok(())
     } else {
         Err(ServeError::BadRequest(format!(
             "{:?}: {}",
             agent.chars().take(80).collect::<String>(),
-            crate::config::AGENT_ID_RULE
+            crate::tenancy::config::AGENT_ID_RULE
         )))
     }
 }

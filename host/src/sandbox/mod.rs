@@ -3,7 +3,7 @@
 //! running time counts, not the time it waits in `tool`), a wall-clock bound, and a linear-memory cap. A
 //! trap poisons the whole Store, so [`Instance`] drops it and builds a fresh one from the same
 //! `InstancePre`; the session then calls `on-restart`. Guests may make HTTP requests through `wasi:http`,
-//! only to the origins of [`Limits::http`] (see [`crate::outbound`]); by default none.
+//! only to the origins of [`Limits::http`] (see [`crate::sandbox::outbound`]); by default none.
 
 use crate::content::{write_atomically, Digest};
 use anyhow::Result;
@@ -25,8 +25,13 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use crate::limits::{self, ResolvedLimits};
-use crate::outbound::{HttpPolicy, PolicyHooks};
+use limits::ResolvedLimits;
+use outbound::PolicyHooks;
+
+pub mod limits;
+pub mod outbound;
+
+pub use outbound::{HttpPolicy, Origin};
 
 mod bindings {
     wasmtime::component::bindgen!({

@@ -1,9 +1,9 @@
 //! `voicehost.toml`: where the host keeps its data, where the admin API listens, where Sent is, the tenants
 //! and their limits. Every table refuses unknown keys, so a typo is an error at start, not a silent default.
 
-use crate::connection::ApiKey;
-use crate::limits::{self, ResolvedLimits};
-use crate::outbound::{HttpPolicy, Origin};
+use crate::agent::connection::ApiKey;
+use crate::sandbox::limits::{self, ResolvedLimits};
+use crate::sandbox::outbound::{HttpPolicy, Origin};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
