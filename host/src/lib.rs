@@ -13,6 +13,7 @@
 pub mod admin;
 pub mod admission;
 pub mod agent;
+pub mod api_views;
 pub mod call;
 pub mod cli;
 pub mod config;
