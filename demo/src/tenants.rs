@@ -9,6 +9,7 @@ use sentsim::{Sim, SimConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use voicehost::api_views::{AgentList, AgentView, VersionView};
 use voicehost::cli::{agents_table, Body, Client};
 use voicehost::tenancy::Server;
 use voicehost::tenancy::{token_sha256, ServeConfig};
@@ -95,13 +96,13 @@ async fn tour(dir: &Path) -> Result<()> {
         let wasm = crate::calls::component(example)?;
         let started = Instant::now();
         let path = format!("/v1/agents/{agent}/versions?activate=true");
-        let version = hosted
+        let version: VersionView = hosted
             .client(token)?
-            .json(Method::POST, &path, Body::Wasm(wasm))
+            .request(Method::POST, &path, Body::Wasm(wasm))
             .await?;
         println!(
             "{tenant} uploads {example}.wasm as {agent}: version {}, validated, compiled and active in {} ms",
-            version["version"],
+            version.version,
             started.elapsed().as_millis()
         );
     }
@@ -117,9 +118,9 @@ async fn tour(dir: &Path) -> Result<()> {
     }
 
     let (acme, globex) = (TENANTS[0], TENANTS[1]);
-    let seen = hosted
+    let seen: AgentList = hosted
         .client(acme.1)?
-        .json(Method::GET, "/v1/agents", Body::Empty)
+        .request(Method::GET, "/v1/agents", Body::Empty)
         .await?;
     println!(
         "\nwhat acme's token lists (globex's agent is not there):\n{}",
@@ -128,7 +129,7 @@ async fn tour(dir: &Path) -> Result<()> {
     let other = format!("/v1/agents/{}", globex.3);
     let refused = hosted
         .client(acme.1)?
-        .json(Method::GET, &other, Body::Empty)
+        .request::<AgentView>(Method::GET, &other, Body::Empty)
         .await;
     println!(
         "acme asking for globex's agent: {}",

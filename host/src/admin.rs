@@ -3,10 +3,14 @@
 //! `/metrics`. Described for clients in `host/openapi.json`. Handlers are plain functions over the
 //! [`Server`]; a tenant is known only by its bearer token, and another tenant's agent is a 404.
 
+use crate::api_views::{
+    self as views, ActivateRequest, AgentList, AgentView, ErrorBody, Health, PartyView,
+    SessionList, SessionView, VersionView,
+};
 use crate::call::FailurePolicy;
 use crate::metrics::{self, HostCounts};
-use crate::registry::{AgentRecord, RegistryError};
-use crate::sandbox::wit::{Direction, Media};
+use crate::registry::{AgentRecord, RegistryError, VersionRecord};
+use crate::sandbox::wit::{self, Direction, Media};
 use crate::sandbox::LoadError;
 use crate::server::{AgentStatus, ServeError, Server};
 use axum::body::{Body, Bytes};
@@ -16,8 +20,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use http_body_util::BodyExt as _;
-use serde::{Deserialize, Serialize};
-use serde_json::json;
 use std::sync::Arc;
 
 /// Every route, as (method, path): what `openapi.json` must describe.
@@ -81,7 +83,7 @@ async fn access_log(request: axum::extract::Request, next: axum::middleware::Nex
 
 // ----- errors -----
 
-/// An error answer: `{"error": {"code", "message"}}`.
+/// An error answer: its status, and its body ([`ErrorBody`]: `{"error": {"code", "message"}}`).
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
@@ -105,8 +107,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
-        (self.status, Json(body)).into_response()
+        (self.status, Json(ErrorBody::new(self.code, self.message))).into_response()
     }
 }
 
@@ -182,73 +183,24 @@ fn bearer(headers: &header::HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-// ----- views -----
-
-#[derive(Serialize)]
-struct AgentView {
-    agent_id: String,
-    /// `inactive`, `connecting`, `serving` or `refused`.
-    status: &'static str,
-    /// Why Sent refused the agent, when it did.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status_detail: Option<String>,
-    active_version: Option<u32>,
-    failure_policy: FailurePolicy,
-    live_sessions: usize,
-    versions: Vec<VersionView>,
-}
-
-#[derive(Serialize)]
-struct VersionView {
-    version: u32,
-    digest: String,
-    size_bytes: u64,
-    uploaded_at: u64,
-    active: bool,
-}
-
-#[derive(Serialize)]
-struct SessionView {
-    session_id: String,
-    call_id: String,
-    agent_id: String,
-    version: u32,
-    direction: &'static str,
-    media: &'static str,
-    sample_rate: Option<u32>,
-    started_at: String,
-    from: PartyView,
-    to: PartyView,
-}
-
-#[derive(Serialize)]
-struct PartyView {
-    kind: String,
-    value: Option<String>,
-}
+// ----- views: the server's records as the API's JSON (the types of `api_views`) -----
 
 fn agent_view(server: &Server, tenant: &str, agent_id: String, record: AgentRecord) -> AgentView {
     let versions = record
         .versions
         .iter()
-        .map(|v| VersionView {
-            version: v.version,
-            digest: v.digest.to_string(),
-            size_bytes: v.size_bytes,
-            uploaded_at: v.uploaded_at,
-            active: record.active == Some(v.version),
-        })
+        .map(|v| version_view(v, record.active == Some(v.version)))
         .collect();
     let (status, status_detail) = match server.status(tenant, &agent_id) {
-        AgentStatus::Inactive => ("inactive", None),
-        AgentStatus::Connecting => ("connecting", None),
-        AgentStatus::Serving => ("serving", None),
-        AgentStatus::Refused(why) => ("refused", Some(why)),
+        AgentStatus::Inactive => (views::AgentStatus::Inactive, None),
+        AgentStatus::Connecting => (views::AgentStatus::Connecting, None),
+        AgentStatus::Serving => (views::AgentStatus::Serving, None),
+        AgentStatus::Refused(why) => (views::AgentStatus::Refused, Some(why)),
     };
     AgentView {
         status,
         status_detail,
-        live_sessions: server.live_sessions(tenant, &agent_id),
+        live_sessions: server.live_sessions(tenant, &agent_id) as u64,
         agent_id,
         active_version: record.active,
         failure_policy: record.failure_policy,
@@ -256,18 +208,50 @@ fn agent_view(server: &Server, tenant: &str, agent_id: String, record: AgentReco
     }
 }
 
+fn version_view(version: &VersionRecord, active: bool) -> VersionView {
+    VersionView {
+        version: version.version,
+        digest: version.digest.to_string(),
+        size_bytes: version.size_bytes,
+        uploaded_at: version.uploaded_at,
+        active,
+    }
+}
+
+fn session_view(agent_id: String, version: u32, call: &wit::Call) -> SessionView {
+    let party = |p: &wit::Party| PartyView {
+        kind: p.kind.clone(),
+        value: p.value.clone(),
+    };
+    let (media, sample_rate) = match call.media {
+        Media::Text => (views::Media::Text, None),
+        Media::Audio(rate) => (views::Media::Audio, Some(rate)),
+    };
+    SessionView {
+        session_id: call.session_id.clone(),
+        call_id: call.call_id.clone(),
+        agent_id,
+        version,
+        direction: match call.direction {
+            Direction::Inbound => views::Direction::Inbound,
+            Direction::Outbound => views::Direction::Outbound,
+        },
+        media,
+        sample_rate,
+        started_at: call.started_at.clone(),
+        from: party(&call.from),
+        to: party(&call.to),
+    }
+}
+
 // ----- handlers -----
 
-async fn healthz(State(server): State<Arc<Server>>) -> Response {
+async fn healthz(State(server): State<Arc<Server>>) -> (StatusCode, Json<Health>) {
     if server.ready() {
-        let agents = server.stats().len();
-        Json(json!({"status": "ok", "agents": agents})).into_response()
+        let agents = server.stats().len() as u64;
+        (StatusCode::OK, Json(Health::Ok { agents }))
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "starting"})),
-        )
-            .into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, Json(Health::Starting))
     }
 }
 
@@ -301,14 +285,14 @@ fn prometheus(text: String) -> Response {
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
 }
 
-async fn list_agents(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Response {
-    let agents: Vec<AgentView> = server
+async fn list_agents(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Json<AgentList> {
+    let agents = server
         .agents(&tenant)
         .await
         .into_iter()
         .map(|(id, record)| agent_view(&server, &tenant, id, record))
         .collect();
-    Json(json!({ "agents": agents })).into_response()
+    Json(AgentList { agents })
 }
 
 async fn show_agent(
@@ -371,22 +355,7 @@ async fn upload(
         }
     };
     let version = server.upload(&tenant, &agent_id, wasm, activate).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(VersionView {
-            version: version.version,
-            digest: version.digest.to_string(),
-            size_bytes: version.size_bytes,
-            uploaded_at: version.uploaded_at,
-            active: activate,
-        }),
-    ))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ActivateBody {
-    version: u32,
+    Ok((StatusCode::CREATED, Json(version_view(&version, activate))))
 }
 
 async fn activate(
@@ -395,7 +364,7 @@ async fn activate(
     Path(agent_id): Path<String>,
     body: Bytes,
 ) -> Result<Json<AgentView>, ApiError> {
-    let ActivateBody { version } = parse_json(&body)?;
+    let ActivateRequest { version } = parse_json(&body)?;
     let record = server.activate(&tenant, &agent_id, version).await?;
     Ok(Json(agent_view(&server, &tenant, agent_id, record)))
 }
@@ -441,40 +410,13 @@ async fn delete_agent(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn sessions(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Response {
-    let sessions: Vec<SessionView> = server
+async fn sessions(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Json<SessionList> {
+    let sessions = server
         .sessions(&tenant)
         .into_iter()
-        .map(|(agent_id, live)| {
-            let call = live.call;
-            let party = |p: &crate::sandbox::wit::Party| PartyView {
-                kind: p.kind.clone(),
-                value: p.value.clone(),
-            };
-            SessionView {
-                session_id: call.session_id.clone(),
-                call_id: call.call_id.clone(),
-                agent_id,
-                version: live.version,
-                direction: match call.direction {
-                    Direction::Inbound => "inbound",
-                    Direction::Outbound => "outbound",
-                },
-                media: match call.media {
-                    Media::Text => "text",
-                    Media::Audio(_) => "audio",
-                },
-                sample_rate: match call.media {
-                    Media::Text => None,
-                    Media::Audio(rate) => Some(rate),
-                },
-                started_at: call.started_at.clone(),
-                from: party(&call.from),
-                to: party(&call.to),
-            }
-        })
+        .map(|(agent_id, live)| session_view(agent_id, live.version, &live.call))
         .collect();
-    Json(json!({ "sessions": sessions })).into_response()
+    Json(SessionList { sessions })
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {

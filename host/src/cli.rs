@@ -2,6 +2,9 @@
 //! (described in `host/openapi.json`). The client speaks plain HTTP/1.1 over hyper, one request per
 //! connection, and never shows the admin token: not in output, not in an error.
 
+use crate::api_views::{
+    ActivateRequest, AgentList, AgentView, ErrorBody, PartyView, SessionList, VersionView,
+};
 use crate::call::FailurePolicy;
 use crate::config::token_sha256;
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -10,8 +13,9 @@ use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
-use serde::Deserialize as _;
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
 use std::fmt;
 use std::io::{BufRead as _, IsTerminal as _, Read as _};
 use std::path::{Path, PathBuf};
@@ -74,8 +78,8 @@ enum AgentsCommand {
         #[arg(value_name = "AGENT", value_parser = agent_id)]
         agent: String,
         /// The version number (see `voicehost agents show AGENT`).
-        #[arg(value_parser = clap::value_parser!(u64).range(1..))]
-        version: u64,
+        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        version: u32,
     },
     /// Activate the version that was active before the current one.
     Rollback {
@@ -90,8 +94,8 @@ enum AgentsCommand {
         #[arg(value_name = "AGENT", value_parser = agent_id)]
         agent: String,
         /// Delete only this version.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-        version: Option<u64>,
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        version: Option<u32>,
     },
     /// What happens to a call whose agent keeps trapping: `hangup`, or `transfer:KIND:VALUE` (e.g.
     /// `transfer:number:+14155550100`).
@@ -298,13 +302,13 @@ struct ApiError {
 }
 
 impl ApiError {
+    /// The API's error, if `body` is one ([`ErrorBody`]); else `None` (a proxy's page, say).
     fn from_answer(status: StatusCode, body: &[u8]) -> Option<ApiError> {
-        let value: Value = serde_json::from_slice(body).ok()?;
-        let error = value.get("error")?;
+        let ErrorBody { error } = serde_json::from_slice(body).ok()?;
         Some(ApiError {
             status: status.as_u16(),
-            code: clean(error.get("code")?.as_str()?),
-            message: clean(error.get("message")?.as_str()?),
+            code: clean(&error.code),
+            message: clean(&error.message),
         })
     }
 }
@@ -317,10 +321,20 @@ impl fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// What a request sends.
 pub enum Body {
     Empty,
     Json(Value),
     Wasm(Vec<u8>),
+}
+
+impl Body {
+    /// A request body of JSON: one of the API's request types ([`ActivateRequest`], [`FailurePolicy`]).
+    pub fn json(body: &impl Serialize) -> Result<Body> {
+        Ok(Body::Json(
+            serde_json::to_value(body).context("cannot write the request's JSON")?,
+        ))
+    }
 }
 
 pub struct Client {
@@ -352,7 +366,7 @@ impl Client {
         }
     }
 
-    /// A request whose answer must be JSON.
+    /// A request whose answer must be JSON, as the host wrote it (whatever its shape).
     pub async fn json(&self, method: Method, path: &str, body: Body) -> Result<Value> {
         self.send(method, path, body).await?.with_context(|| {
             format!(
@@ -360,6 +374,18 @@ impl Client {
                 self.admin.url(path)
             )
         })
+    }
+
+    /// A request whose answer must be the view `T` of [`crate::api_views`] (an [`AgentList`], an
+    /// [`AgentView`], …); an answer of another shape is an error naming the URL.
+    pub async fn request<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Body,
+    ) -> Result<T> {
+        let answer = self.json(method, path, body).await?;
+        view(answer, &self.admin.url(path))
     }
 
     async fn exchange(
@@ -425,6 +451,17 @@ impl Client {
     }
 }
 
+/// `answer` read as the view `T`, or an error naming `url` and what did not fit.
+fn view<T: DeserializeOwned>(answer: Value, url: &str) -> Result<T> {
+    serde_json::from_value(answer).map_err(|error| {
+        anyhow!(
+            "{url} answered with JSON this voicehost does not understand: {}; is the host a \
+             different version of voicehost? (--json prints the answer as it is)",
+            clean(&error.to_string())
+        )
+    })
+}
+
 /// The JSON of a successful answer (`None` when it has no body), or the error it says.
 fn interpret(status: StatusCode, body: &[u8], url: &str) -> Result<Option<Value>> {
     if status.is_success() {
@@ -461,21 +498,13 @@ fn interpret(status: StatusCode, body: &[u8], url: &str) -> Result<Option<Value>
 async fn execute(client: &Client, command: AgentsCommand, json: bool) -> Result<String> {
     let output = match command {
         AgentsCommand::List => {
-            let agents = client.json(Method::GET, "/v1/agents", Body::Empty).await?;
-            if json {
-                pretty(&agents)
-            } else {
-                agents_table(&agents)
-            }
+            let answer = client.json(Method::GET, "/v1/agents", Body::Empty).await?;
+            render(client, "/v1/agents", answer, json, agents_table)?
         }
         AgentsCommand::Show { agent } => {
             let path = format!("/v1/agents/{agent}");
-            let agent = client.json(Method::GET, &path, Body::Empty).await?;
-            if json {
-                pretty(&agent)
-            } else {
-                agent_view(&agent)
-            }
+            let answer = client.json(Method::GET, &path, Body::Empty).await?;
+            render(client, &path, answer, json, agent_text)?
         }
         AgentsCommand::Upload {
             agent,
@@ -486,31 +515,21 @@ async fn execute(client: &Client, command: AgentsCommand, json: bool) -> Result<
                 std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
             let query = if activate { "?activate=true" } else { "" };
             let path = format!("/v1/agents/{agent}/versions{query}");
-            let version = client.json(Method::POST, &path, Body::Wasm(wasm)).await?;
-            if json {
-                pretty(&version)
-            } else {
-                uploaded(&agent, &version)
-            }
+            let answer = client.json(Method::POST, &path, Body::Wasm(wasm)).await?;
+            render(client, &path, answer, json, |version: &VersionView| {
+                uploaded(&agent, version)
+            })?
         }
         AgentsCommand::Activate { agent, version } => {
             let path = format!("/v1/agents/{agent}/activate");
-            let body = Body::Json(json!({ "version": version }));
-            let agent = client.json(Method::POST, &path, body).await?;
-            if json {
-                pretty(&agent)
-            } else {
-                activated(&agent)
-            }
+            let body = Body::json(&ActivateRequest { version })?;
+            let answer = client.json(Method::POST, &path, body).await?;
+            render(client, &path, answer, json, activated)?
         }
         AgentsCommand::Rollback { agent } => {
             let path = format!("/v1/agents/{agent}/rollback");
-            let agent = client.json(Method::POST, &path, Body::Empty).await?;
-            if json {
-                pretty(&agent)
-            } else {
-                activated(&agent)
-            }
+            let answer = client.json(Method::POST, &path, Body::Empty).await?;
+            render(client, &path, answer, json, activated)?
         }
         AgentsCommand::Delete { agent, version } => {
             let path = match version {
@@ -530,31 +549,41 @@ async fn execute(client: &Client, command: AgentsCommand, json: bool) -> Result<
         }
         AgentsCommand::Policy { agent, policy } => {
             let path = format!("/v1/agents/{agent}/failure-policy");
-            let agent = client
-                .json(Method::PUT, &path, Body::Json(json!(policy)))
+            let answer = client
+                .json(Method::PUT, &path, Body::json(&policy)?)
                 .await?;
-            if json {
-                pretty(&agent)
-            } else {
+            render(client, &path, answer, json, |agent: &AgentView| {
                 format!(
                     "{}: a call whose agent keeps trapping gets {}\n",
-                    text(&agent["agent_id"]),
-                    policy_text(&agent["failure_policy"])
+                    clean(&agent.agent_id),
+                    policy_text(&agent.failure_policy)
                 )
-            }
+            })?
         }
         AgentsCommand::Sessions => {
-            let sessions = client
+            let answer = client
                 .json(Method::GET, "/v1/sessions", Body::Empty)
                 .await?;
-            if json {
-                pretty(&sessions)
-            } else {
-                sessions_table(&sessions)
-            }
+            render(client, "/v1/sessions", answer, json, sessions_table)?
         }
     };
     Ok(output)
+}
+
+/// The answer to `path`: with --json, the host's JSON as it came (not re-read as a view, so nothing a
+/// newer host adds is dropped, and a script sees exactly what the API says); else read as the view `T`
+/// and rendered as text.
+fn render<T: DeserializeOwned>(
+    client: &Client,
+    path: &str,
+    answer: Value,
+    json: bool,
+    text: impl FnOnce(&T) -> String,
+) -> Result<String> {
+    if json {
+        return Ok(pretty(&answer));
+    }
+    Ok(text(&view(answer, &client.admin.url(path))?))
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -587,15 +616,6 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// A cell: a string as it is (control characters replaced), a number as written, `-` for null or absent.
-fn text(value: &Value) -> String {
-    match value {
-        Value::Null => "-".into(),
-        Value::String(text) => clean(text),
-        other => clean(&other.to_string()),
-    }
-}
-
 /// What the server or Sent sent, safe to print on a terminal (no escape sequences).
 fn clean(text: &str) -> String {
     text.chars()
@@ -603,26 +623,24 @@ fn clean(text: &str) -> String {
         .collect()
 }
 
-fn policy_text(policy: &Value) -> String {
-    match FailurePolicy::deserialize(policy) {
-        Ok(policy) => clean(&policy.to_string()),
-        Err(_) => text(policy),
-    }
+/// A number, or `-` for none.
+fn number_text(number: Option<u32>) -> String {
+    number.map_or_else(|| "-".into(), |number| number.to_string())
 }
 
-fn party_text(party: &Value) -> String {
-    match (party["kind"].as_str(), &party["value"]) {
-        (Some(kind), Value::String(value)) => clean(&format!("{kind}:{value}")),
+fn policy_text(policy: &FailurePolicy) -> String {
+    clean(&policy.to_string())
+}
+
+fn party_text(party: &PartyView) -> String {
+    match &party.value {
+        Some(value) => clean(&format!("{}:{value}", party.kind)),
         // An anonymous caller has no value.
-        (Some(kind), Value::Null) => clean(kind),
-        _ => text(party),
+        None => clean(&party.kind),
     }
 }
 
-fn size_text(size: &Value) -> String {
-    let Some(bytes) = size.as_u64() else {
-        return text(size);
-    };
+fn size_text(bytes: u64) -> String {
     match bytes {
         0..1024 => format!("{bytes} B"),
         1024..0x10_0000 => format!("{:.1} KiB", bytes as f64 / 1024.0),
@@ -631,8 +649,8 @@ fn size_text(size: &Value) -> String {
 }
 
 /// `sha256:` and the first 12 hex digits.
-fn short_digest(digest: &Value) -> String {
-    let digest = text(digest);
+fn short_digest(digest: &str) -> String {
+    let digest = clean(digest);
     match digest.strip_prefix("sha256:") {
         Some(hex) if hex.len() > 12 => format!("sha256:{}", &hex[..12]),
         _ => digest,
@@ -640,10 +658,9 @@ fn short_digest(digest: &Value) -> String {
 }
 
 /// Unix seconds as `YYYY-MM-DD HH:MM:SS` in UTC.
-fn time_text(time: &Value) -> String {
-    let Some(seconds) = time.as_i64() else {
-        return text(time);
-    };
+fn time_text(seconds: u64) -> String {
+    // Past i64 is past any date worth printing; held there, the arithmetic below cannot overflow.
+    let seconds = i64::try_from(seconds).unwrap_or(i64::MAX);
     let (days, second_of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
     // Howard Hinnant's civil_from_days.
     let z = days + 719_468;
@@ -664,39 +681,31 @@ fn time_text(time: &Value) -> String {
     )
 }
 
-fn count(items: &Value) -> String {
-    match items.as_array() {
-        Some(items) => items.len().to_string(),
-        None => text(items),
-    }
-}
-
 /// The agent's status, with Sent's reason when it refused the agent.
-fn status_text(agent: &Value) -> String {
-    match agent["status_detail"].as_str() {
-        Some(detail) => format!("{} ({})", text(&agent["status"]), clean(detail)),
-        None => text(&agent["status"]),
+fn status_text(agent: &AgentView) -> String {
+    let status = agent.status.as_str();
+    match &agent.status_detail {
+        Some(detail) => format!("{status} ({})", clean(detail)),
+        None => status.into(),
     }
 }
 
-pub fn agents_table(answer: &Value) -> String {
-    let agents = answer["agents"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    if agents.is_empty() {
+/// `voicehost agents list`: one line per agent.
+pub fn agents_table(list: &AgentList) -> String {
+    if list.agents.is_empty() {
         return "no agents yet (voicehost agents upload AGENT FILE --activate)\n".into();
     }
-    let rows: Vec<Vec<String>> = agents
+    let rows: Vec<Vec<String>> = list
+        .agents
         .iter()
         .map(|agent| {
             vec![
-                text(&agent["agent_id"]),
-                text(&agent["status"]),
-                text(&agent["active_version"]),
-                count(&agent["versions"]),
-                text(&agent["live_sessions"]),
-                policy_text(&agent["failure_policy"]),
+                clean(&agent.agent_id),
+                agent.status.as_str().into(),
+                number_text(agent.active_version),
+                agent.versions.len().to_string(),
+                agent.live_sessions.to_string(),
+                policy_text(&agent.failure_policy),
             ]
         })
         .collect();
@@ -713,38 +722,36 @@ pub fn agents_table(answer: &Value) -> String {
     )
 }
 
-fn agent_view(agent: &Value) -> String {
-    let active = match &agent["active_version"] {
-        Value::Null => "none (the agent serves no calls)".to_string(),
-        version => format!("version {}", text(version)),
+/// `voicehost agents show`: the agent, then its versions.
+fn agent_text(agent: &AgentView) -> String {
+    let active = match agent.active_version {
+        None => "none (the agent serves no calls)".to_string(),
+        Some(version) => format!("version {version}"),
     };
     let mut out = table(
-        &["agent", &text(&agent["agent_id"])],
+        &["agent", &clean(&agent.agent_id)],
         &[
             vec!["status".into(), status_text(agent)],
             vec!["active".into(), active],
-            vec!["on failure".into(), policy_text(&agent["failure_policy"])],
-            vec!["live calls".into(), text(&agent["live_sessions"])],
+            vec!["on failure".into(), policy_text(&agent.failure_policy)],
+            vec!["live calls".into(), agent.live_sessions.to_string()],
         ],
     );
     out.push('\n');
-    let versions = agent["versions"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    if versions.is_empty() {
+    if agent.versions.is_empty() {
         out.push_str("no versions\n");
         return out;
     }
-    let rows: Vec<Vec<String>> = versions
+    let rows: Vec<Vec<String>> = agent
+        .versions
         .iter()
         .map(|version| {
             vec![
-                text(&version["version"]),
-                short_digest(&version["digest"]),
-                size_text(&version["size_bytes"]),
-                time_text(&version["uploaded_at"]),
-                if version["active"] == Value::Bool(true) {
+                version.version.to_string(),
+                short_digest(&version.digest),
+                size_text(version.size_bytes),
+                time_text(version.uploaded_at),
+                if version.active {
                     "*".into()
                 } else {
                     String::new()
@@ -759,31 +766,29 @@ fn agent_view(agent: &Value) -> String {
     out
 }
 
-fn sessions_table(answer: &Value) -> String {
-    let sessions = answer["sessions"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    if sessions.is_empty() {
+/// `voicehost agents sessions`: one line per live call.
+fn sessions_table(list: &SessionList) -> String {
+    if list.sessions.is_empty() {
         return "no live calls\n".into();
     }
-    let rows: Vec<Vec<String>> = sessions
+    let rows: Vec<Vec<String>> = list
+        .sessions
         .iter()
         .map(|session| {
-            let media = match (&session["media"], &session["sample_rate"]) {
-                (media, Value::Number(rate)) => format!("{} {rate} Hz", text(media)),
-                (media, _) => text(media),
+            let media = match session.sample_rate {
+                Some(rate) => format!("{} {rate} Hz", session.media.as_str()),
+                None => session.media.as_str().into(),
             };
             vec![
-                text(&session["session_id"]),
-                text(&session["call_id"]),
-                text(&session["agent_id"]),
-                text(&session["version"]),
-                text(&session["direction"]),
+                clean(&session.session_id),
+                clean(&session.call_id),
+                clean(&session.agent_id),
+                session.version.to_string(),
+                session.direction.as_str().into(),
                 media,
-                party_text(&session["from"]),
-                party_text(&session["to"]),
-                text(&session["started_at"]),
+                party_text(&session.from),
+                party_text(&session.to),
+                clean(&session.started_at),
             ]
         })
         .collect();
@@ -803,25 +808,25 @@ fn sessions_table(answer: &Value) -> String {
     )
 }
 
-fn uploaded(agent: &str, version: &Value) -> String {
-    let number = text(&version["version"]);
-    let then = if version["active"] == Value::Bool(true) {
+fn uploaded(agent: &str, version: &VersionView) -> String {
+    let number = version.version;
+    let then = if version.active {
         "it is active: new calls get it".to_string()
     } else {
         format!("activate it with `voicehost agents activate {agent} {number}`")
     };
     format!(
         "{agent}: uploaded version {number} ({}, {}); {then}\n",
-        text(&version["digest"]),
-        size_text(&version["size_bytes"])
+        clean(&version.digest),
+        size_text(version.size_bytes)
     )
 }
 
-fn activated(agent: &Value) -> String {
+fn activated(agent: &AgentView) -> String {
     format!(
         "{}: version {} is active: new calls get it, live calls finish on theirs\n",
-        text(&agent["agent_id"]),
-        text(&agent["active_version"])
+        clean(&agent.agent_id),
+        number_text(agent.active_version)
     )
 }
 
@@ -829,6 +834,7 @@ fn activated(agent: &Value) -> String {
 mod tests {
     use super::*;
     use clap::Parser;
+    use serde_json::json;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio::net::TcpListener;
 
@@ -1067,6 +1073,11 @@ mod tests {
         assert!(interpret(StatusCode::OK, b"<html>", "u").is_err());
     }
 
+    /// `answer` read as the view the CLI expects: the rendering tests feed the API's JSON as written.
+    fn parsed<T: DeserializeOwned>(answer: Value) -> T {
+        serde_json::from_value(answer).unwrap()
+    }
+
     fn agent_json() -> Value {
         json!({
             "agent_id": "agent_abc123",
@@ -1090,18 +1101,18 @@ mod tests {
                           "failure_policy": {"action": "hangup"}, "live_sessions": 0, "versions": []});
         let answer = json!({"agents": [agent_json(), idle]});
         assert_eq!(
-            agents_table(&answer),
+            agents_table(&parsed(answer)),
             "AGENT         STATUS    ACTIVE  VERSIONS  LIVE CALLS  ON FAILURE\n\
              agent_abc123  refused   2       2         3           transfer:number:+14155550100\n\
              agent_new     inactive  -       0         0           hangup\n"
         );
-        assert!(agents_table(&json!({"agents": []})).starts_with("no agents yet"));
+        assert!(agents_table(&AgentList { agents: vec![] }).starts_with("no agents yet"));
     }
 
     #[test]
     fn the_agent_view() {
         assert_eq!(
-            agent_view(&agent_json()),
+            agent_text(&parsed(agent_json())),
             "agent       agent_abc123\n\
              status      refused (Sent refused the connection (401): the API key is not valid)\n\
              active      version 2\n\
@@ -1129,7 +1140,7 @@ mod tests {
              "to": {"kind": "number", "value": "+1415\u{1b}[2J"}}
         ]});
         assert_eq!(
-            sessions_table(&answer),
+            sessions_table(&parsed(answer)),
             "SESSION  CALL    AGENT         VERSION  DIRECTION  MEDIA           FROM                 \
              TO                  STARTED\n\
              vs_1     call_1  agent_abc123  2        inbound    audio 16000 Hz  number:+14155550100  \
@@ -1137,28 +1148,38 @@ mod tests {
              vs_2     call_2  agent_abc123  1        outbound   text            agent:agent_abc123   \
              number:+1415\u{fffd}[2J    2026-01-02T15:00:00Z\n"
         );
-        assert_eq!(sessions_table(&json!({"sessions": []})), "no live calls\n");
+        assert_eq!(
+            sessions_table(&SessionList { sessions: vec![] }),
+            "no live calls\n"
+        );
     }
 
     #[test]
     fn sizes_times_and_upload_lines() {
-        assert_eq!(size_text(&json!(1023)), "1023 B");
-        assert_eq!(size_text(&json!(1536)), "1.5 KiB");
-        assert_eq!(size_text(&json!(18 << 20)), "18.0 MiB");
-        assert_eq!(time_text(&json!(0)), "1970-01-01 00:00:00");
-        assert_eq!(time_text(&json!(951_825_599)), "2000-02-29 11:59:59");
-        assert_eq!(time_text(&json!(-1)), "1969-12-31 23:59:59");
-        assert_eq!(time_text(&json!(null)), "-");
+        assert_eq!(size_text(1023), "1023 B");
+        assert_eq!(size_text(1536), "1.5 KiB");
+        assert_eq!(size_text(18 << 20), "18.0 MiB");
+        assert_eq!(time_text(0), "1970-01-01 00:00:00");
+        assert_eq!(time_text(951_825_599), "2000-02-29 11:59:59");
+        assert!(time_text(u64::MAX).ends_with(" 15:30:07"));
         assert_eq!(
-            party_text(&json!({"kind": "anonymous", "value": null})),
+            party_text(&parsed(json!({"kind": "anonymous", "value": null}))),
             "anonymous"
         );
         assert_eq!(
-            party_text(&json!({"kind": "number", "value": "+14155550100"})),
+            party_text(&PartyView {
+                kind: "number".into(),
+                value: Some("+14155550100".into())
+            }),
             "number:+14155550100"
         );
-        let version =
-            json!({"version": 4, "digest": "sha256:ab", "size_bytes": 2048, "active": false});
+        let version = VersionView {
+            version: 4,
+            digest: "sha256:ab".into(),
+            size_bytes: 2048,
+            uploaded_at: 0,
+            active: false,
+        };
         assert_eq!(
             uploaded("agent_1", &version),
             "agent_1: uploaded version 4 (sha256:ab, 2.0 KiB); activate it with \
@@ -1286,6 +1307,69 @@ mod tests {
             "{request}"
         );
         assert!(request.ends_with("\r\n\r\n\0asm\x01\0\0\0"), "{request:?}");
+    }
+
+    #[test]
+    fn an_answer_of_another_shape_is_a_clear_error_naming_the_url() {
+        let url = "http://h/v1/agents";
+        let understood = |answer: Value| view::<AgentList>(answer, url).map_err(|e| e.to_string());
+        for (answer, why) in [
+            (
+                json!({"agents": {}}),
+                "invalid type: map, expected a sequence",
+            ),
+            (json!(null), "invalid type: null, expected struct AgentList"),
+            (json!({"sessions": []}), "missing field `agents`"),
+            (
+                json!({"agents": [{"agent_id": "agent_1", "status": "serving"}]}),
+                "missing field `failure_policy`",
+            ),
+            (
+                json!({"agents": [{"agent_id": "agent_1", "status": "paused\u{1b}[2J"}]}),
+                "unknown variant `paused\u{fffd}[2J`",
+            ),
+        ] {
+            let error = understood(answer.clone()).unwrap_err();
+            assert!(
+                error.starts_with(&format!(
+                    "{url} answered with JSON this voicehost does not understand: {why}"
+                )),
+                "{answer}: {error}"
+            );
+        }
+        assert!(understood(json!({"agents": [], "next": null})).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_malformed_answer_fails_the_command_but_json_prints_it() {
+        let body = r#"{"sessions":[{"session_id":"vs_1","media":"video"}]}"#;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (client, server) = one_answer(answer.clone()).await;
+        let error = execute(&client, AgentsCommand::Sessions, false)
+            .await
+            .unwrap_err()
+            .to_string();
+        server.await.unwrap();
+        let url = client.admin.url("/v1/sessions");
+        assert!(
+            error.starts_with(&format!(
+                "{url} answered with JSON this voicehost does not understand: "
+            )),
+            "{error}"
+        );
+
+        let (client, server) = one_answer(answer).await;
+        let output = execute(&client, AgentsCommand::Sessions, true)
+            .await
+            .unwrap();
+        server.await.unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&output).unwrap(),
+            serde_json::from_str::<Value>(body).unwrap()
+        );
     }
 
     #[tokio::test]

@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod api_views;
 pub mod call;
 pub mod cli;
 pub mod content;

@@ -1,0 +1,362 @@
+//! The admin API's JSON as types: what `voicehost serve` answers (`admin.rs` builds these) and what
+//! `voicehost agents` reads (`cli.rs` parses answers into these), so the two cannot drift apart.
+//! Plain data and nothing else: converting the server's records into views is the admin API's business,
+//! rendering them as tables the CLI's. `host/openapi.json` describes the same JSON for other clients.
+//!
+//! Serialised, a view is the JSON on the wire field for field, in the order declared here. Reading is
+//! lenient where a newer host may add to it (unknown fields are ignored), except for the request bodies
+//! the host reads, which refuse what they do not know.
+
+use crate::call::FailurePolicy;
+use serde::{Deserialize, Serialize};
+
+/// One of a tenant's agents (`GET /v1/agents/{agent_id}`, and the answer to activate, rollback and
+/// failure-policy).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentView {
+    /// The agent's id, as Sent knows it (`agent_…`).
+    pub agent_id: String,
+    /// Whether the agent's calls can reach it.
+    pub status: AgentStatus,
+    /// Why Sent refused the agent; only with [`AgentStatus::Refused`], and absent (not `null`) otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_detail: Option<String>,
+    /// The version new calls get; `null` while no version is active.
+    pub active_version: Option<u32>,
+    /// What happens to a call the agent cannot serve.
+    pub failure_policy: FailurePolicy,
+    /// Calls in progress on this agent, whatever their version.
+    pub live_sessions: u64,
+    /// Every stored version, in version order.
+    pub versions: Vec<VersionView>,
+}
+
+/// Whether an agent's calls can reach it: `inactive`, `connecting`, `serving` or `refused`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentStatus {
+    /// No active version: not connected.
+    Inactive,
+    /// Connecting to Sent, or reconnecting with backoff.
+    Connecting,
+    /// At least one connection to Sent is ready.
+    Serving,
+    /// Sent refused the connection for a reason a person must fix ([`AgentView::status_detail`] says it).
+    Refused,
+}
+
+impl AgentStatus {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentStatus::Inactive => "inactive",
+            AgentStatus::Connecting => "connecting",
+            AgentStatus::Serving => "serving",
+            AgentStatus::Refused => "refused",
+        }
+    }
+}
+
+/// One uploaded component of an agent (in [`AgentView::versions`], and the 201 answer to an upload).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionView {
+    /// From 1, one more for each upload; never given again.
+    pub version: u32,
+    /// The SHA-256 of the component's bytes: `sha256:` and 64 lowercase hex digits.
+    pub digest: String,
+    /// The component's size in bytes.
+    pub size_bytes: u64,
+    /// When it was uploaded, in Unix seconds (UTC).
+    pub uploaded_at: u64,
+    /// Whether it is the agent's active version.
+    pub active: bool,
+}
+
+/// A live call (in [`SessionList`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    /// Sent's id of the session (`vs_…`).
+    pub session_id: String,
+    /// Sent's id of the call (`call_…`).
+    pub call_id: String,
+    /// The agent serving the call.
+    pub agent_id: String,
+    /// The agent's version serving the call: the one active when the call started.
+    pub version: u32,
+    pub direction: Direction,
+    pub media: Media,
+    /// The audio sample rate in Hz for an audio call; `null` (present) for a text call.
+    pub sample_rate: Option<u32>,
+    /// When the call started, as Sent reported it (RFC 3339).
+    pub started_at: String,
+    pub from: PartyView,
+    pub to: PartyView,
+}
+
+/// Who placed a call: `inbound` (someone called the agent) or `outbound` (the call was placed to someone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Inbound,
+    Outbound,
+}
+
+impl Direction {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Inbound => "inbound",
+            Direction::Outbound => "outbound",
+        }
+    }
+}
+
+/// What a call carries: `text` (Sent does speech recognition and synthesis) or `audio` (raw frames; the
+/// rate is in [`SessionView::sample_rate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Media {
+    Text,
+    Audio,
+}
+
+impl Media {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Media::Text => "text",
+            Media::Audio => "audio",
+        }
+    }
+}
+
+/// A party of a call as Sent named it in the call's start. Unlike a transfer target (in a
+/// [`FailurePolicy`]), its value may be missing: `null` for an anonymous caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartyView {
+    /// `user`, `number`, `conference`, `agent`, `anonymous`, or a kind Sent adds.
+    pub kind: String,
+    /// Who, for that kind; `null` (present) when Sent gave none.
+    pub value: Option<String>,
+}
+
+/// The answer to `GET /v1/agents`: the tenant's agents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentList {
+    pub agents: Vec<AgentView>,
+}
+
+/// The answer to `GET /v1/sessions`: the tenant's live calls.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionList {
+    pub sessions: Vec<SessionView>,
+}
+
+/// The answer to `GET /healthz`: `{"status":"ok","agents":N}` (200) once every active agent is loaded,
+/// `{"status":"starting"}` (503) before.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum Health {
+    Ok {
+        /// Agents with an active version, over all tenants.
+        agents: u64,
+    },
+    Starting,
+}
+
+/// The body of every error answer: `{"error":{"code":…,"message":…}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// What kind of error it is, e.g. `not_found` (`ErrorCode` in `openapi.json` lists them). A string,
+    /// not an enum: a client must take a code it does not know from a newer host.
+    pub code: String,
+    /// For people; it may change between releases: match on `code`.
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: code.into(),
+                message: message.into(),
+            },
+        }
+    }
+}
+
+/// The body of `POST /v1/agents/{agent_id}/activate`. (The body of `PUT …/failure-policy` is a
+/// [`FailurePolicy`] as it is.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActivateRequest {
+    /// The version to make active: one of the agent's stored versions.
+    pub version: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::de::DeserializeOwned;
+
+    /// `view` serialises to exactly `wire`, and `wire` reads back as `view`.
+    fn exactly<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(
+        view: &T,
+        wire: &str,
+    ) {
+        assert_eq!(serde_json::to_string(view).unwrap(), wire);
+        assert_eq!(&serde_json::from_str::<T>(wire).unwrap(), view);
+    }
+
+    fn version(version: u32, active: bool) -> VersionView {
+        VersionView {
+            version,
+            digest: format!("sha256:{}", "ab".repeat(32)),
+            size_bytes: 1843201,
+            uploaded_at: 1767225600,
+            active,
+        }
+    }
+
+    #[test]
+    fn agents_are_the_json_the_api_has_always_answered() {
+        let serving = AgentView {
+            agent_id: "agent_abc123".into(),
+            status: AgentStatus::Serving,
+            status_detail: None,
+            active_version: Some(2),
+            failure_policy: "transfer:number:+14155550100".parse().unwrap(),
+            live_sessions: 3,
+            versions: vec![version(1, false), version(2, true)],
+        };
+        let digest = "ab".repeat(32);
+        exactly(
+            &serving,
+            &format!(
+                r#"{{"agent_id":"agent_abc123","status":"serving","active_version":2,"failure_policy":{{"action":"transfer","to":{{"kind":"number","value":"+14155550100"}}}},"live_sessions":3,"versions":[{{"version":1,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"active":false}},{{"version":2,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"active":true}}]}}"#
+            ),
+        );
+        let refused = AgentView {
+            agent_id: "agent_new".into(),
+            status: AgentStatus::Refused,
+            status_detail: Some("Sent refused the connection (401)".into()),
+            active_version: None,
+            failure_policy: FailurePolicy::HangUp,
+            live_sessions: 0,
+            versions: vec![],
+        };
+        exactly(
+            &AgentList {
+                agents: vec![refused],
+            },
+            r#"{"agents":[{"agent_id":"agent_new","status":"refused","status_detail":"Sent refused the connection (401)","active_version":null,"failure_policy":{"action":"hangup"},"live_sessions":0,"versions":[]}]}"#,
+        );
+        exactly(&AgentList { agents: vec![] }, r#"{"agents":[]}"#);
+        for status in [
+            AgentStatus::Inactive,
+            AgentStatus::Connecting,
+            AgentStatus::Serving,
+            AgentStatus::Refused,
+        ] {
+            exactly(&status, &format!("\"{}\"", status.as_str()));
+        }
+    }
+
+    #[test]
+    fn sessions_are_the_json_the_api_has_always_answered() {
+        let audio = SessionView {
+            session_id: "vs_1".into(),
+            call_id: "call_1".into(),
+            agent_id: "agent_abc123".into(),
+            version: 2,
+            direction: Direction::Inbound,
+            media: Media::Audio,
+            sample_rate: Some(16000),
+            started_at: "2026-01-02T15:04:05Z".into(),
+            from: PartyView {
+                kind: "anonymous".into(),
+                value: None,
+            },
+            to: PartyView {
+                kind: "agent".into(),
+                value: Some("agent_abc123".into()),
+            },
+        };
+        let text = SessionView {
+            direction: Direction::Outbound,
+            media: Media::Text,
+            sample_rate: None,
+            ..audio.clone()
+        };
+        exactly(
+            &SessionList {
+                sessions: vec![audio, text],
+            },
+            r#"{"sessions":[{"session_id":"vs_1","call_id":"call_1","agent_id":"agent_abc123","version":2,"direction":"inbound","media":"audio","sample_rate":16000,"started_at":"2026-01-02T15:04:05Z","from":{"kind":"anonymous","value":null},"to":{"kind":"agent","value":"agent_abc123"}},{"session_id":"vs_1","call_id":"call_1","agent_id":"agent_abc123","version":2,"direction":"outbound","media":"text","sample_rate":null,"started_at":"2026-01-02T15:04:05Z","from":{"kind":"anonymous","value":null},"to":{"kind":"agent","value":"agent_abc123"}}]}"#,
+        );
+        for direction in [Direction::Inbound, Direction::Outbound] {
+            exactly(&direction, &format!("\"{}\"", direction.as_str()));
+        }
+        for media in [Media::Text, Media::Audio] {
+            exactly(&media, &format!("\"{}\"", media.as_str()));
+        }
+    }
+
+    #[test]
+    fn health_errors_and_requests_are_the_json_the_api_has_always_used() {
+        exactly(&Health::Ok { agents: 2 }, r#"{"status":"ok","agents":2}"#);
+        exactly(&Health::Starting, r#"{"status":"starting"}"#);
+        exactly(
+            &ErrorBody::new("not_found", "no such route"),
+            r#"{"error":{"code":"not_found","message":"no such route"}}"#,
+        );
+        exactly(&ActivateRequest { version: 3 }, r#"{"version":3}"#);
+        assert!(serde_json::from_str::<ActivateRequest>(r#"{"version":3,"now":true}"#).is_err());
+        assert!(serde_json::from_str::<ActivateRequest>(r#"{"version":-1}"#).is_err());
+    }
+
+    /// `example` reads as a `T` that writes back as the same JSON, key for key and in the same order.
+    fn documented<T: Serialize + DeserializeOwned>(example: &serde_json::Value, what: &str) {
+        let view: T = serde_json::from_value(example.clone()).expect(what);
+        assert_eq!(
+            serde_json::to_string(&view).unwrap(),
+            example.to_string(),
+            "{what}"
+        );
+    }
+
+    #[test]
+    fn the_examples_of_openapi_json_are_these_views() {
+        let document: serde_json::Value = serde_json::from_str(include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/openapi.json"
+        )))
+        .unwrap();
+        let schemas = &document["components"]["schemas"];
+        documented::<AgentView>(&schemas["Agent"]["example"], "Agent");
+        documented::<VersionView>(&schemas["Version"]["example"], "Version");
+        documented::<SessionView>(&schemas["Session"]["example"], "Session");
+        let health = &document["paths"]["/healthz"]["get"]["responses"];
+        for status in ["200", "503"] {
+            let example = &health[status]["content"]["application/json"]["example"];
+            documented::<Health>(example, status);
+        }
+    }
+
+    #[test]
+    fn a_newer_hosts_extra_fields_are_ignored_but_a_missing_one_is_an_error() {
+        let wire = r#"{"version":1,"digest":"sha256:ab","size_bytes":9,"uploaded_at":0,"active":true,"signed":false}"#;
+        assert_eq!(
+            serde_json::from_str::<VersionView>(wire).unwrap().digest,
+            "sha256:ab"
+        );
+        let wire = r#"{"version":1,"digest":"sha256:ab","size_bytes":9,"active":true}"#;
+        assert!(serde_json::from_str::<VersionView>(wire).is_err());
+    }
+}
