@@ -9,7 +9,7 @@ use sentsim::{Sim, SimConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use voicehost::api_views::{AgentList, AgentView, VersionView};
+use voicehost::api::views::{AgentList, AgentView, VersionView};
 use voicehost::cli::{agents_table, Body, Client};
 use voicehost::tenancy::Server;
 use voicehost::tenancy::{token_sha256, ServeConfig};
@@ -44,7 +44,7 @@ impl Hosted {
         let server = Server::open(&ServeConfig::read(config)?)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let admin = format!("http://{}", listener.local_addr()?);
-        let router = voicehost::admin::router(server.clone());
+        let router = voicehost::api::router(server.clone());
         let api = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
@@ -139,9 +139,9 @@ async fn tour(dir: &Path) -> Result<()> {
     );
 
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let metrics = voicehost::metrics::render(
+    let metrics = voicehost::api::metrics::render(
         &hosted.server.stats(),
-        Some(voicehost::metrics::HostCounts {
+        Some(voicehost::api::metrics::HostCounts {
             compilations: &hosted.server.compilations,
             cache_loads: &hosted.server.cache_loads,
         }),

@@ -9,12 +9,11 @@
 //! intake's checks and bounds), [`content`] (content addresses, atomic files), [`sandbox`] (the engine,
 //! compiling, instances, their limits and HTTP policy), [`stats`] (what an agent counts), [`call`] (one
 //! call's rules), [`agent`] (one agent's connections, calls and admission), [`tenancy`] (`voicehost
-//! serve`: config, registry, the served agents), [`admin`] and [`metrics`] (the HTTP API), [`cli`] (the
+//! serve`: config, registry, the served agents), [`api`] (the admin HTTP API: routes, views, metrics), [`cli`] (the
 //! operator's side of the admin API: `voicehost agents` and `voicehost token`, and their HTTP client).
 
-pub mod admin;
 pub mod agent;
-pub mod api_views;
+pub mod api;
 pub mod call;
 pub mod cli;
 pub mod content;
@@ -22,11 +21,7 @@ pub mod content;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod logging;
-pub mod metrics;
 pub mod protocol;
 pub mod sandbox;
 pub mod stats;
 pub mod tenancy;
-
-// The paths the admin API and the CLI still use, until they move into the layout too.
-use tenancy::{config, registry, server};

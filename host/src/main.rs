@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use voicehost::admin;
 use voicehost::agent::Dial;
 use voicehost::agent::{self, AgentConfig};
 use voicehost::agent::{CallRules, FailurePolicy};
+use voicehost::api;
 use voicehost::cli;
 use voicehost::sandbox::limits::{self, ResolvedLimits};
 use voicehost::sandbox::{HttpPolicy, Origin};
@@ -177,7 +177,7 @@ async fn serve(path: &std::path::Path) -> Result<()> {
     let (stop, stopped) = watch::channel(false);
     let api = tokio::spawn({
         let mut stopped = stopped.clone();
-        axum::serve(listener, admin::router(server.clone()))
+        axum::serve(listener, api::router(server.clone()))
             .with_graceful_shutdown(async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             })

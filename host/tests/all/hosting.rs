@@ -89,7 +89,7 @@ impl Hosting {
         let server = Server::open(&parsed).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = format!("http://{}", listener.local_addr().unwrap());
-        let router = voicehost::admin::router(server.clone());
+        let router = voicehost::api::router(server.clone());
         let api = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });

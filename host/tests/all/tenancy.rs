@@ -471,13 +471,13 @@ async fn the_openapi_document_describes_every_route_and_every_route_answers() {
         })
         .collect();
     described.sort();
-    let mut routes: Vec<(String, String)> = voicehost::admin::ROUTES
+    let mut routes: Vec<(String, String)> = voicehost::api::ROUTES
         .iter()
         .map(|(m, p)| (m.to_string(), p.to_string()))
         .collect();
     routes.sort();
     assert_eq!(described, routes);
-    for (method, path) in voicehost::admin::ROUTES {
+    for (method, path) in voicehost::api::ROUTES {
         let path = path
             .replace("{agent_id}", "agent_none")
             .replace("{version}", "1");

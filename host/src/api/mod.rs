@@ -3,16 +3,14 @@
 //! `/metrics`. Described for clients in `host/openapi.json`. Handlers are plain functions over the
 //! [`Server`]; a tenant is known only by its bearer token, and another tenant's agent is a 404.
 
-use crate::api_views::{
-    self as views, ActivateRequest, AgentList, AgentView, ErrorBody, Health, PartyView,
-    SessionList, SessionView, VersionView,
-};
+pub mod metrics;
+pub mod views;
+
 use crate::call::FailurePolicy;
-use crate::metrics::{self, HostCounts};
-use crate::registry::{AgentRecord, RegistryError, VersionRecord};
 use crate::sandbox::wit::{self, Direction, Media};
 use crate::sandbox::LoadError;
-use crate::server::{AgentStatus, ServeError, Server};
+use crate::tenancy::registry::{AgentRecord, RegistryError, VersionRecord};
+use crate::tenancy::server::{AgentStatus, ServeError, Server};
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::{header, request::Parts, StatusCode};
@@ -20,7 +18,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use http_body_util::BodyExt as _;
+use metrics::HostCounts;
 use std::sync::Arc;
+use views::{
+    ActivateRequest, AgentList, AgentView, ErrorBody, Health, PartyView, SessionList, SessionView,
+    VersionView,
+};
 
 /// Every route, as (method, path): what `openapi.json` must describe.
 pub const ROUTES: &[(&str, &str)] = &[
