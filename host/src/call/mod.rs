@@ -821,17 +821,15 @@ impl Call {
     pub fn send_audio(&mut self, samples: &[u8], out: &mut VecDeque<Output>) {
         // [scenario: audio_after_end_not_delivered, resume_holds_frames] No audio after the end, none while
         // moving: the old stream may be another caller's on the new connection.
-        let (conn, stream) = match self.state {
-            State::Live {
-                conn,
-                stream: Some(stream),
-            } => (conn, stream),
-            _ => {
-                if self.media != Media::Text && !samples.is_empty() {
-                    self.stats.audio_out_dropped.inc();
-                }
-                return;
+        let State::Live {
+            conn,
+            stream: Some(stream),
+        } = self.state
+        else {
+            if self.media != Media::Text && !samples.is_empty() {
+                self.stats.audio_out_dropped.inc();
             }
+            return;
         };
         let per_message = self.media.bytes_per(MAX_AUDIO_MS_PER_MESSAGE).max(2);
         let backlog = self

@@ -11,7 +11,7 @@ const OTHER: ConnId = 2;
 const TOKEN: &str = "vsr_0123456789abcdefghijklmnop";
 
 fn start(audio: Option<i64>, resumable: bool) -> SessionStart {
-    super::fixtures::session_start("vs_1", audio, resumable.then(|| TOKEN.to_string()), 2000)
+    fixtures::session_start("vs_1", audio, resumable.then(|| TOKEN.to_string()), 2000)
 }
 
 struct Test {

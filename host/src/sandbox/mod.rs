@@ -232,7 +232,9 @@ impl Sandbox {
         // SAFETY: only this host writes this directory, with `Component::serialize` of what it compiled
         // itself, under the hash of the source and of the engine's settings. Nothing from outside is ever
         // deserialized: an upload is always compiled here.
-        match unsafe { Component::deserialize_file(&self.engine, path) } {
+        #[allow(unsafe_code)]
+        let loaded = unsafe { Component::deserialize_file(&self.engine, path) };
+        match loaded {
             Ok(component) => Some(component),
             Err(error) => {
                 tracing::warn!(path = %path.display(), %error, "a cached component is unusable: compiling again");

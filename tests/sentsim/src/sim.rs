@@ -140,7 +140,7 @@ pub struct SessionSpec {
     /// Whether `session.start` carries a resume token.
     pub resumable: bool,
     /// `session.start`'s `context`: what the customer's backend passed for the call.
-    pub context: Option<serde_json::Map<String, serde_json::Value>>,
+    pub context: Option<Map<String, Value>>,
 }
 
 impl SessionSpec {
