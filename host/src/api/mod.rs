@@ -4,6 +4,8 @@
 //! [`Server`]; a tenant is known only by its bearer token, and another tenant's agent is a 404.
 
 pub mod metrics;
+#[cfg(test)]
+mod tests;
 pub mod views;
 
 use crate::call::FailurePolicy;
