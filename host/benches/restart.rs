@@ -19,9 +19,6 @@
 //!
 //! The markdown tables go to stdout; progress goes to stderr.
 
-#[path = "../tests/all/admin_http.rs"]
-mod admin_http;
-
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use sentsim::sim::Account;
 use sentsim::{Dir, Sim, SimConfig, What};
@@ -205,7 +202,7 @@ async fn registry(name: &'static str, mut agents: Vec<Agent>) -> Result<Registry
             agent.id,
             agent.wasm.len() as f64 / 1e6
         );
-        let (status, body) = admin_http::send(
+        let (status, body) = voicehost_testkit::admin::send(
             &served.admin,
             "POST",
             &format!("/v1/agents/{}/versions?activate=true", agent.id),
@@ -447,7 +444,8 @@ impl Served {
         let deadline = Instant::now() + PATIENCE;
         loop {
             let (status, _) =
-                admin_http::send(&self.admin, "GET", "/healthz", None, vec![]).await?;
+                voicehost_testkit::admin::send(&self.admin, "GET", "/healthz", None, vec![])
+                    .await?;
             if status == 200 {
                 return Ok(Instant::now());
             }
@@ -462,7 +460,8 @@ impl Served {
 
     /// `voicehost_compilations_total` and `voicehost_compiled_cache_loads_total`.
     async fn counts(&self) -> Result<(f64, f64)> {
-        let (status, body) = admin_http::send(&self.admin, "GET", "/metrics", None, vec![]).await?;
+        let (status, body) =
+            voicehost_testkit::admin::send(&self.admin, "GET", "/metrics", None, vec![]).await?;
         ensure!(status == 200, "/metrics answered {status}");
         let text = body.as_str().unwrap_or_default();
         Ok((

@@ -3,13 +3,9 @@
 //! toolchains (npm, pip, apt), so they are ignored by a plain `cargo test`; `scripts/test` builds the agents
 //! and runs them with `--include-ignored`, one at a time.
 
-#[path = "all/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
-use harness::Host;
 use sentsim::suite::{self, Ctx, Profile};
 use voicehost::agent::CallRules;
+use voicehost_testkit::Host;
 
 /// Runs the whole suite against `target/guests/<lang>/<file>` and fails with the table if any scenario fails.
 async fn suite_passes(lang: &str, file: &str) {

@@ -1,8 +1,8 @@
 //! The compiled-component cache: a component is compiled once per host and read back by content hash; a
 //! damaged entry is compiled again, never trusted.
 
-use crate::harness::guest;
 use voicehost::sandbox::Sandbox;
+use voicehost_testkit::guest;
 
 fn fresh_dir(name: &str) -> std::path::PathBuf {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);

@@ -3,11 +3,11 @@
 //! was saved), applies the failure policy when the traps keep coming, and breaks no protocol rule meanwhile.
 //! Everything runs on loopback against the Sent simulator.
 
-use crate::harness::Host;
 use sentsim::Call;
 use std::time::{Duration, Instant};
 use voicehost::agent::{CallRules, FailurePolicy};
 use voicehost::sandbox::{Limits, TrapKind};
+use voicehost_testkit::Host;
 
 /// 20 ms of 16-bit mono audio at 16000 Hz.
 const FRAME_BYTES: usize = 640;

@@ -1,11 +1,9 @@
-//! voicehost's integration tests, in one binary (one link of wasmtime instead of one per file).
+//! voicehost's integration tests, in one binary (one link of wasmtime instead of one per file); what they
+//! share is the `voicehost-testkit` crate (tests/testkit).
 
-mod admin_http;
 mod cache;
 mod connection;
 mod guest_faults;
-mod harness;
-mod hosting;
 mod operator;
 mod outbound;
 mod pressure;

@@ -3,7 +3,6 @@
 //! with SIGTERM, start again (served from the cache), and at the end scan everything the host printed or
 //! answered for the API key, the admin tokens and the resume tokens.
 
-use crate::hosting::{metric, request};
 use sentsim::sim::Account;
 use sentsim::{Sim, SimConfig};
 use serde_json::Value;
@@ -12,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use voicehost_testkit::{metric, request};
 
 const BIN: &str = env!("CARGO_BIN_EXE_voicehost");
 const KEY: &str = "sk_operator_sent_key_do_not_leak";

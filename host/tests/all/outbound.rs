@@ -3,7 +3,6 @@
 //! code it got. A small HTTP server on loopback plays the model; the host's policy (`Limits::http`)
 //! decides where the agent may go, how long it may wait and how much it may read.
 
-use crate::harness::Host;
 use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
@@ -17,6 +16,7 @@ use tokio::task::JoinHandle;
 use voicehost::agent::CallRules;
 use voicehost::sandbox::Limits;
 use voicehost::sandbox::{HttpPolicy, Origin};
+use voicehost_testkit::Host;
 
 /// A large answer: 64 KiB of JSON, over the 1 KiB cap of the tests that use it.
 const BIG: usize = 64 << 10;

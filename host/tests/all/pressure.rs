@@ -2,12 +2,12 @@
 //! against voicehost, one test each, named after its scenario, each on a host of its own started as the
 //! scenario needs (its guest, tool timeout, failure policy) on a simulator from `pressure::sim_config`.
 
-use crate::harness::{guest, Host};
 use sentsim::pressure::{self, SCENARIOS};
 use sentsim::scenarios::{AgentKind, Needs, Scenario};
 use sentsim::suite::{self, Ctx, Profile};
 use std::time::Duration;
 use voicehost::agent::{CallRules, FailurePolicy};
+use voicehost_testkit::{guest, Host};
 
 fn scenario(name: &str) -> &'static Scenario {
     SCENARIOS

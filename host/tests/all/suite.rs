@@ -2,10 +2,10 @@
 //! expected deviation: the scenarios the official SDK only passes for lack of a window (connection_full,
 //! after the end) must pass here too.
 
-use crate::harness::Host;
 use sentsim::suite::{self, Ctx, Profile};
 use voicehost::agent::CallRules;
 use voicehost::agent::ConnectError;
+use voicehost_testkit::Host;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn voicehost_passes_every_scenario_with_the_rust_conformance_agent() {

@@ -2,9 +2,9 @@
 //! live under calls, restarts, and the limits a tenant's config sets. The server runs in-process; its
 //! agents take real calls from the Sent simulator on loopback.
 
-use crate::hosting::{metric, Hosting, ACME_TOKEN, GLOBEX_TOKEN};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
+use voicehost_testkit::{metric, Hosting, ACME_TOKEN, GLOBEX_TOKEN};
 
 const ACME: &str = "tenant=\"acme\",agent=\"agent_acme\"";
 
@@ -118,7 +118,7 @@ async fn a_tenant_cannot_list_read_activate_or_delete_another_tenants_agents_nor
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_malformed_upload_is_refused_with_its_reason_and_nothing_is_stored() {
     let hosting = Hosting::start("uploads", "[tenants.limits]\ncomponent_mib = 1").await;
-    let conformance = crate::harness::guest("conformance");
+    let conformance = voicehost_testkit::guest("conformance");
     // The smallest valid component: it exports nothing, so it cannot be an agent.
     let empty_component = b"\0asm\x0d\x00\x01\x00".to_vec();
     // A component of another world: it needs an interface the host does not give.
@@ -220,7 +220,7 @@ async fn a_version_activated_under_live_calls_serves_only_new_calls_and_rollback
             "POST",
             "/v1/agents/agent_acme/versions",
             Some(ACME_TOKEN),
-            crate::harness::guest("conformance"),
+            voicehost_testkit::guest("conformance"),
         )
         .await;
     assert_eq!(status, 201);

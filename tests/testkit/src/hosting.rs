@@ -48,7 +48,7 @@ impl Hosting {
 
     /// [`Hosting::start`], with `top` among the config's top-level tables (before the tenants).
     pub async fn start_with(name: &str, top: &str, acme: &str) -> Hosting {
-        crate::harness::init_tracing();
+        crate::init_tracing();
         let sim = Sim::start_local(SimConfig {
             heartbeat_interval_ms: 1000,
             accounts: accounts(),
@@ -56,8 +56,7 @@ impl Hosting {
         })
         .await
         .unwrap();
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("hosting-{name}-{}", std::process::id()));
+        let dir = crate::tmp_dir().join(format!("hosting-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("acme.key"), ACME_KEY).unwrap();
@@ -142,7 +141,7 @@ impl Hosting {
                 "POST",
                 &format!("/v1/agents/{agent}/versions?activate=true"),
                 Some(token),
-                crate::harness::guest(guest),
+                crate::guest(guest),
             )
             .await;
         assert_eq!(status, 201, "{body}");
@@ -196,7 +195,7 @@ pub fn metric(text: &str, sample: &str) -> f64 {
         .unwrap()
 }
 
-/// One HTTP/1.1 request on a fresh connection (see [`crate::admin_http`]).
+/// One HTTP/1.1 request on a fresh connection (see [`crate::admin`]).
 pub async fn request(
     base: &str,
     method: &str,
@@ -204,7 +203,7 @@ pub async fn request(
     token: Option<&str>,
     body: Vec<u8>,
 ) -> (u16, Value) {
-    crate::admin_http::send(base, method, path, token, body)
+    crate::admin::send(base, method, path, token, body)
         .await
         .unwrap_or_else(|error| panic!("{method} {path}: {error:#}"))
 }

@@ -18,7 +18,7 @@ pub fn sandbox() -> &'static Sandbox {
     static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
     SANDBOX.get_or_init(|| {
         // Large components (Python, JavaScript) are compiled once across test runs.
-        let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("components");
+        let cache = crate::tmp_dir().join("components");
         Sandbox::new()
             .expect("the sandbox starts")
             .with_cache(cache)

@@ -1,5 +1,5 @@
-//! One HTTP/1.1 request to the admin API, for the tests and the restart bench (which includes this file by
-//! path): the raw status and body, so error answers can be checked too. No dependency on either crate.
+//! One HTTP/1.1 request to the admin API, for the tests and the restart bench: the raw status and body, so
+//! error answers can be checked too.
 
 use anyhow::{anyhow, Result};
 use http_body_util::{BodyExt as _, Full};

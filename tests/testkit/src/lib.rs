@@ -1,0 +1,17 @@
+//! What voicehost's tests and benches share (as wasmtime's test utilities are a crate of their own): a host
+//! serving one agent on the Sent simulator ([`Host`]), `voicehost serve` in-process with two tenants
+//! ([`Hosting`]), and one raw request to the admin API ([`admin::send`]), so error answers can be checked
+//! as they are. Never a dependency of the shipped crate.
+
+pub mod admin;
+mod host;
+mod hosting;
+
+pub use host::{guest, init_tracing, sandbox, Host};
+pub use hosting::{metric, request, Hosting, ACME_KEY, ACME_TOKEN, GLOBEX_KEY, GLOBEX_TOKEN};
+
+/// Where tests keep what they write (data directories, the compiled cache across runs): the repository's
+/// `target/tmp`, as cargo's own `CARGO_TARGET_TMPDIR` would be for an integration test.
+pub fn tmp_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tmp")
+}
