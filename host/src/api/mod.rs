@@ -17,7 +17,6 @@ use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::{header, request::Parts, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use http_body_util::BodyExt as _;
 use metrics::HostCounts;
@@ -27,42 +26,38 @@ use views::{
     VersionView,
 };
 
-/// Every route, as (method, path): what `openapi.json` must describe.
-pub const ROUTES: &[(&str, &str)] = &[
-    ("get", "/healthz"),
-    ("get", "/metrics"),
-    ("get", "/v1/agents"),
-    ("get", "/v1/agents/{agent_id}"),
-    ("delete", "/v1/agents/{agent_id}"),
-    ("post", "/v1/agents/{agent_id}/versions"),
-    ("delete", "/v1/agents/{agent_id}/versions/{version}"),
-    ("post", "/v1/agents/{agent_id}/activate"),
-    ("post", "/v1/agents/{agent_id}/rollback"),
-    ("put", "/v1/agents/{agent_id}/failure-policy"),
-    ("get", "/v1/sessions"),
-    ("get", "/v1/metrics"),
-];
+/// Declares every route once: the table [`ROUTES`] (what `openapi.json` must describe, checked by a test)
+/// and the router's routes come from the same lines.
+macro_rules! routes {
+    ($($method:ident $path:literal => $handler:ident,)*) => {
+        /// Every route, as (method, path): what `openapi.json` must describe.
+        pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),*];
+
+        fn routes() -> Router<Arc<Server>> {
+            // A second method on a path joins the first (axum merges them).
+            Router::new()$(.route($path, axum::routing::$method($handler)))*
+        }
+    };
+}
+
+routes! {
+    get "/healthz" => healthz,
+    get "/metrics" => metrics,
+    get "/v1/agents" => list_agents,
+    get "/v1/agents/{agent_id}" => show_agent,
+    delete "/v1/agents/{agent_id}" => delete_agent,
+    post "/v1/agents/{agent_id}/versions" => upload,
+    delete "/v1/agents/{agent_id}/versions/{version}" => delete_version,
+    post "/v1/agents/{agent_id}/activate" => activate,
+    post "/v1/agents/{agent_id}/rollback" => rollback,
+    put "/v1/agents/{agent_id}/failure-policy" => set_policy,
+    get "/v1/sessions" => sessions,
+    get "/v1/metrics" => tenant_metrics,
+}
 
 /// The admin API over `server`.
 pub fn router(server: Arc<Server>) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/v1/agents", get(list_agents))
-        .route(
-            "/v1/agents/{agent_id}",
-            get(show_agent).delete(delete_agent),
-        )
-        .route("/v1/agents/{agent_id}/versions", post(upload))
-        .route(
-            "/v1/agents/{agent_id}/versions/{version}",
-            delete(delete_version),
-        )
-        .route("/v1/agents/{agent_id}/activate", post(activate))
-        .route("/v1/agents/{agent_id}/rollback", post(rollback))
-        .route("/v1/agents/{agent_id}/failure-policy", put(set_policy))
-        .route("/v1/sessions", get(sessions))
-        .route("/v1/metrics", get(tenant_metrics))
+    routes()
         .fallback(not_found)
         .layer(axum::middleware::from_fn(access_log))
         .with_state(server)
