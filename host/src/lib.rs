@@ -12,6 +12,8 @@
 //! serve`: config, registry, the served agents), [`api`] (the admin HTTP API: routes, views, metrics), [`cli`] (the
 //! operator's side of the admin API: `voicehost agents` and `voicehost token`, and their HTTP client).
 
+#![warn(missing_docs)]
+
 pub mod agent;
 pub mod api;
 pub mod call;

@@ -34,12 +34,19 @@ pub fn stream_of(message: &[u8]) -> Option<u16> {
 /// Why something Sent sent was dropped. The message never quotes the frame (it may hold a resume token).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Invalid {
+    /// The text does not decode as a frame of the official codec: the codec's message, made [`loggable`].
     #[error("not a valid frame: {0}")]
     Schema(String),
+    /// A frame of a type only the agent sends (`agent.say`, `pong`, …): the type.
     #[error("a {0} frame only goes from the agent to Sent")]
     WrongDirection(&'static str),
+    /// An id (`session_id`, `call_id` or `agent_id`) longer than [`MAX_ID_CHARS`] characters.
     #[error("its {field} is longer than {MAX_ID_CHARS} characters")]
-    IdTooLong { field: &'static str },
+    IdTooLong {
+        /// Which id: `session_id`, `call_id` or `agent_id`.
+        field: &'static str,
+    },
+    /// A binary message shorter than [`AUDIO_HEADER`]: its length in bytes.
     #[error("a binary message of {0} bytes is too short for a stream number")]
     ShortAudio(usize),
 }

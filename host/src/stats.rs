@@ -14,10 +14,12 @@ use std::time::Duration;
 pub struct Counter(AtomicU64);
 
 impl Counter {
+    /// Adds one.
     pub fn inc(&self) {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The count so far.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
@@ -28,14 +30,17 @@ impl Counter {
 pub struct Gauge(AtomicI64);
 
 impl Gauge {
+    /// Adds one.
     pub fn inc(&self) {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Takes one away.
     pub fn dec(&self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// The value now.
     pub fn get(&self) -> i64 {
         self.0.load(Ordering::Relaxed)
     }
@@ -56,6 +61,8 @@ pub struct Histogram {
 }
 
 impl Histogram {
+    /// Counts `took` in the first bucket whose bound holds it (the last when none does), and adds it to the
+    /// sum.
     pub fn observe(&self, took: Duration) {
         let seconds = took.as_secs_f64();
         let at = LATENCY_BUCKETS
@@ -72,6 +79,7 @@ impl Histogram {
         std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed))
     }
 
+    /// The sum of every observation, in seconds.
     pub fn sum_seconds(&self) -> f64 {
         self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
     }
@@ -80,6 +88,7 @@ impl Histogram {
 /// A call being served, as the admin API lists it (never its resume token).
 #[derive(Debug, Clone)]
 pub struct LiveSession {
+    /// The call as its `session.start` described it (what the guest's `info` returns): no resume token.
     pub call: Call,
     /// The agent version serving it.
     pub version: u32,
@@ -88,14 +97,25 @@ pub struct LiveSession {
 /// Everything one agent's host counts.
 #[derive(Default, Debug)]
 pub struct Stats {
+    /// Connections to Sent that reached `connection.ready` and were kept.
     pub connections_opened: Counter,
+    /// Connections to Sent open now: ready, and not yet closed.
     pub connections_open: Gauge,
+    /// Calls started by a `session.start` (a duplicate one starts none).
     pub sessions_started: Counter,
+    /// Calls that ended with Sent's `session.end`.
     pub sessions_ended: Counter,
+    /// Calls lost: their connection went with no token to resume, a resume failed or went unanswered, the
+    /// resume window passed, or the host stopped.
     pub sessions_lost: Counter,
+    /// Sent's counted session frames read by the agent's calls (what each call's `received` counts).
     pub frames_in: Counter,
+    /// The calls' counted frames queued on a connection, replays included (a `session.resume` or a pong is
+    /// not counted).
     pub frames_out: Counter,
+    /// Caller audio messages queued for a call's guest.
     pub audio_in: Counter,
+    /// The agent's audio messages queued for Sent, after cutting into messages of at most 200 ms.
     pub audio_out: Counter,
     /// Caller audio dropped: the guest was behind, or the call ended with audio still queued for it.
     pub audio_dropped: Counter,
@@ -107,13 +127,17 @@ pub struct Stats {
     pub frames_invalid: Counter,
     /// Sent's frames not delivered to a guest that could not keep up (the call got its failure policy).
     pub frames_dropped: Counter,
+    /// Calls carried to a connection: `session.resumed` answered their `session.resume`.
     pub resumes: Counter,
+    /// Handler calls that returned an error (the instance goes on).
     pub handler_errors: Counter,
     /// Guest log lines over the call's rate limit.
     pub log_dropped: Counter,
     /// Traps contained, by kind, in the order of [`TrapKind::ALL`].
     traps: [Counter; TrapKind::ALL.len()],
+    /// Fresh instances that got `on-restart` after a trap.
     pub restarts: Counter,
+    /// Calls given their failure policy (once per call at most).
     pub policies_applied: Counter,
     /// Calls over a session cap: given the failure policy at once, never a guest.
     pub sessions_refused: Counter,
@@ -123,6 +147,7 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Counts one contained trap of `kind`.
     pub fn trap(&self, kind: TrapKind) {
         self.traps[kind.index()].inc();
     }
@@ -132,6 +157,7 @@ impl Stats {
         self.traps[kind.index()].get()
     }
 
+    /// Records how long the handler for `event` took, in that handler's histogram.
     pub fn handled(&self, event: &Event, took: Duration) {
         self.handlers[event.handler()].observe(took);
     }
@@ -151,6 +177,7 @@ impl Stats {
         self.live_calls().values().cloned().collect()
     }
 
+    /// How many calls are being served now.
     pub fn live_count(&self) -> usize {
         self.live_calls().len()
     }

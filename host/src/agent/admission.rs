@@ -12,6 +12,7 @@ pub struct Gate {
 }
 
 impl Gate {
+    /// A cap of `cap` concurrent calls, with none counted yet.
     pub fn new(cap: usize) -> Arc<Gate> {
         Arc::new(Gate {
             live: AtomicUsize::new(0),
@@ -19,6 +20,7 @@ impl Gate {
         })
     }
 
+    /// Calls counted under the cap now.
     pub fn live(&self) -> usize {
         self.live.load(Ordering::Relaxed)
     }
@@ -49,6 +51,7 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// The caps in `gates`: a call is admitted only with room under each (with none, every call is).
     pub fn new(gates: Vec<Arc<Gate>>) -> Admission {
         Admission { gates }
     }

@@ -31,13 +31,16 @@ use tokio::task::JoinHandle;
 pub struct Deployment {
     /// The version number in the registry (0 when the agent was not uploaded, as with `voicehost run`).
     pub version: u32,
+    /// The version's component, compiled and pre-linked.
     pub code: AgentCode,
+    /// What this version's new calls run under: limits, failure policy.
     pub rules: CallRules,
 }
 
 /// One agent as the host serves it.
 #[derive(Clone)]
 pub struct AgentConfig {
+    /// Where to connect to Sent, as which agent, with which key.
     pub dial: Dial,
     /// What new calls get. Activating a version replaces it; a live call keeps the one it started with.
     pub deployment: watch::Receiver<Arc<Deployment>>,

@@ -27,7 +27,9 @@ pub struct CallRules {
     pub limits: Limits,
     /// How many traps within [`CallRules::trap_window`] make the host give up on the agent for the call.
     pub max_traps: usize,
+    /// How far back traps count towards [`CallRules::max_traps`].
     pub trap_window: Duration,
+    /// What happens to a call the agent cannot serve.
     pub policy: FailurePolicy,
     /// The protocol's bounds on each call: tool timeout, backlogs.
     pub call: CallLimits,

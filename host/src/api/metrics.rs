@@ -17,7 +17,9 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// What the whole host counts, beside each agent's [`Stats`].
 pub struct HostCounts<'a> {
+    /// Components this process compiled.
     pub compilations: &'a Counter,
+    /// Components this process loaded from the compiled cache.
     pub cache_loads: &'a Counter,
 }
 

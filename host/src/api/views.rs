@@ -83,13 +83,17 @@ pub struct SessionView {
     pub agent_id: String,
     /// The agent's version serving the call: the one active when the call started.
     pub version: u32,
+    /// Who placed the call.
     pub direction: Direction,
+    /// What the call carries.
     pub media: Media,
     /// The audio sample rate in Hz for an audio call; `null` (present) for a text call.
     pub sample_rate: Option<u32>,
     /// When the call started, as Sent reported it (RFC 3339).
     pub started_at: String,
+    /// The party the call is from.
     pub from: PartyView,
+    /// The party the call is to.
     pub to: PartyView,
 }
 
@@ -97,7 +101,9 @@ pub struct SessionView {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
+    /// Someone called the agent.
     Inbound,
+    /// The call was placed to someone (as the customer's backend asked Sent).
     Outbound,
 }
 
@@ -116,7 +122,9 @@ impl Direction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Media {
+    /// Text both ways: Sent turns speech into text and text into speech.
     Text,
+    /// Raw audio both ways, at [`SessionView::sample_rate`].
     Audio,
 }
 
@@ -143,12 +151,14 @@ pub struct PartyView {
 /// The answer to `GET /v1/agents`: the tenant's agents.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentList {
+    /// The tenant's agents, in id order.
     pub agents: Vec<AgentView>,
 }
 
 /// The answer to `GET /v1/sessions`: the tenant's live calls.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionList {
+    /// The tenant's live calls, over all its agents.
     pub sessions: Vec<SessionView>,
 }
 
@@ -157,16 +167,19 @@ pub struct SessionList {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum Health {
+    /// The host has started (200): it has tried to load every active version.
     Ok {
         /// Agents with an active version, over all tenants.
         agents: u64,
     },
+    /// The host is still loading the active versions (503).
     Starting,
 }
 
 /// The body of every error answer: `{"error":{"code":…,"message":…}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
+    /// The error's code and message.
     pub error: ErrorDetail,
 }
 
@@ -181,6 +194,7 @@ pub struct ErrorDetail {
 }
 
 impl ErrorBody {
+    /// The body of an error with `code` and `message`.
     pub fn new(code: impl Into<String>, message: impl Into<String>) -> ErrorBody {
         ErrorBody {
             error: ErrorDetail {

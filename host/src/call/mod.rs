@@ -54,9 +54,11 @@ pub const MAX_WAITING_TOOLS: usize = 16;
 /// What the call carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Media {
+    /// Text both ways: Sent does speech recognition and synthesis.
     Text,
     /// Raw 16-bit mono PCM both ways at this rate (Hz).
     Audio {
+        /// Samples per second, from 1 to 48000 (16000 when `session.start` gives none).
         sample_rate: u32,
     },
 }
@@ -94,6 +96,7 @@ pub struct CallLimits {
     /// Sent's frames queued for a busy guest, by count and in bytes of text; past either the call gets its
     /// failure policy.
     pub frame_backlog: usize,
+    /// The same backlog in bytes: a `user.said`'s text, an unknown frame's JSON.
     pub frame_backlog_bytes: usize,
     /// The agent's audio queued for Sent, per call, in milliseconds (enforced by the connection's writer).
     pub audio_out_ms: u32,
@@ -129,7 +132,9 @@ pub enum Refused {
 /// Sent's answer to one tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolAnswer {
+    /// The `call_ref` of the tool call answered (`t1`, `t2`, …).
     pub call_ref: String,
+    /// Whether Sent says the tool succeeded.
     pub ok: bool,
     /// (code, message) when `ok` is false.
     pub error: Option<(String, String)>,
@@ -138,23 +143,34 @@ pub struct ToolAnswer {
 /// One event for the guest, in the order Sent's frames arrived.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GuestEvent {
+    /// The call has started: always the first event.
     Start,
+    /// One complete utterance of the caller (text calls).
     UserSaid {
+        /// What the caller said.
         text: String,
+        /// Whether it replaces the previous utterance.
         correction: bool,
     },
     /// Caller audio: 16-bit little-endian samples.
     Audio(Bytes),
+    /// Sent's answer to one of the guest's tool calls, a late one (after `timed-out`) included.
     ToolResult(ToolAnswer),
     /// A session frame of a type the host does not know: its type and the whole frame as JSON.
     Unknown {
+        /// The frame's `type`.
         frame_type: String,
+        /// The whole frame, as JSON.
         json: String,
     },
+    /// Sent's `session.end`: the call is over.
     End {
+        /// Sent's reason, e.g. `caller_hung_up`.
         reason: String,
+        /// How long the call lasted, in milliseconds (a negative value from Sent reads as 0).
         duration_ms: u64,
     },
+    /// The call was lost: no resume brought it back, or the host stopped.
     Lost,
 }
 
@@ -169,37 +185,70 @@ impl GuestEvent {
 pub enum Output {
     /// Write a frame's text on `conn`, tagged with the call so it can be retracted while still queued.
     Frame {
+        /// The connection to write on.
         conn: ConnId,
+        /// The call the frame belongs to.
         key: CallKey,
+        /// The frame, encoded.
         text: String,
     },
     /// Write a binary audio message on `conn`. At most `backlog` bytes of this call's audio may wait
     /// there: past it the oldest is dropped and counted.
     Audio {
+        /// The connection to write on.
         conn: ConnId,
+        /// The call the audio belongs to.
         key: CallKey,
+        /// The stream number (two bytes, big-endian), then the samples.
         message: Bytes,
+        /// How many bytes of this call's audio may wait on the connection.
         backlog: usize,
     },
     /// Drop whatever of the call is still queued on `conn`: it has ended, or left the connection.
-    Retract { conn: ConnId, key: CallKey },
+    Retract {
+        /// The connection the call's messages wait on.
+        conn: ConnId,
+        /// The call whose messages are dropped.
+        key: CallKey,
+    },
     /// Answer the guest's tool call `call_ref`; exactly once per call.
     Answer {
+        /// The call whose guest made the tool call.
         key: CallKey,
+        /// The tool call answered (`t<n>`).
         call_ref: String,
+        /// Sent's answer, or why there is none (`ended`, `timed-out`).
         answer: Result<ToolAnswer, Refused>,
     },
     /// The guest has an event waiting ([`Call::next_event`]).
-    Wake { key: CallKey },
+    Wake {
+        /// The call whose guest has an event waiting.
+        key: CallKey,
+    },
     /// The pong for a ping on `conn`: written before any data queued there.
-    Pong { conn: ConnId, text: String },
+    Pong {
+        /// The connection the ping came on.
+        conn: ConnId,
+        /// The pong frame, encoded.
+        text: String,
+    },
     /// Open connection `conn` after `delay`.
-    Dial { conn: ConnId, delay: Duration },
+    Dial {
+        /// The id the new connection gets.
+        conn: ConnId,
+        /// The backoff before dialling (zero: at once).
+        delay: Duration,
+    },
     /// Close `conn` cleanly with 1000 (Sent sends what it carries to the fallback at once).
-    Close { conn: ConnId },
+    Close {
+        /// The connection to close.
+        conn: ConnId,
+    },
     /// A new call to serve: its task should start.
     Spawn {
+        /// The new call.
         key: CallKey,
+        /// Sent's `session.start` for it.
         start: Box<SessionStart>,
     },
 }
@@ -208,9 +257,17 @@ pub enum Output {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Place {
     /// Frames flow on `conn`; audio on `stream` (audio calls that have one there).
-    Live { conn: ConnId, stream: Option<u16> },
+    Live {
+        /// The connection the call is on.
+        conn: ConnId,
+        /// Its audio stream number there, if it has one.
+        stream: Option<u16>,
+    },
     /// A `session.resume` is out on `conn`.
-    Moving { conn: ConnId },
+    Moving {
+        /// The connection the `session.resume` went out on.
+        conn: ConnId,
+    },
     /// No connection: waiting to be carried to one.
     Detached,
     /// Ended or lost.
@@ -346,14 +403,17 @@ impl Call {
         }
     }
 
+    /// The call's key in its router.
     pub fn key(&self) -> CallKey {
         self.key
     }
 
+    /// Sent's id of the session (`vs_…`).
     pub fn session_id(&self) -> &str {
         &self.id
     }
 
+    /// What the call carries, as `session.start` said.
     pub fn media(&self) -> Media {
         self.media
     }

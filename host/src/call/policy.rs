@@ -16,7 +16,10 @@ pub enum FailurePolicy {
     #[default]
     HangUp,
     /// Transfer the call to this party, e.g. a person's number; a hangup if that fails.
-    Transfer { to: Party },
+    Transfer {
+        /// Who takes the call.
+        to: Party,
+    },
 }
 
 /// A party as Sent's `transfer` tool takes it: a kind (`number`, `user`, `agent`, `sip`, …) and a value,
@@ -72,6 +75,7 @@ impl TryFrom<PartyFields> for Party {
 }
 
 impl Party {
+    /// A party of `kind` and `value`; refused when either is empty.
     pub fn new(kind: impl Into<String>, value: impl Into<String>) -> Result<Party, PolicyError> {
         let (kind, value) = (kind.into(), value.into());
         if kind.is_empty() || value.is_empty() {
@@ -80,10 +84,12 @@ impl Party {
         Ok(Party { kind, value })
     }
 
+    /// The kind of party: `number`, `user`, `agent`, `sip`, …
     pub fn kind(&self) -> &str {
         &self.kind
     }
 
+    /// Who, for that kind: a number, a user's id, a SIP URI, …
     pub fn value(&self) -> &str {
         &self.value
     }
@@ -101,10 +107,13 @@ impl FailurePolicy {
 /// Why a failure policy was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
+    /// A transfer without a party, or with an empty kind or value.
     #[error("a transfer needs the party's kind and value, neither empty")]
     EmptyParty,
+    /// A hangup given a party (`to`), which only a transfer takes.
     #[error("a hangup takes no party")]
     HangUpWithParty,
+    /// Text that is neither `hangup` nor `transfer:KIND:VALUE`.
     #[error(
         "a failure policy is `hangup` or `transfer:KIND:VALUE`, e.g. `transfer:number:+14155550100`"
     )]

@@ -98,8 +98,11 @@ impl std::error::Error for ApiError {}
 
 /// What a request sends.
 pub enum Body {
+    /// No body.
     Empty,
+    /// JSON (`application/json`).
     Json(Value),
+    /// A component's bytes (`application/wasm`), for an upload.
     Wasm(Vec<u8>),
 }
 
@@ -112,6 +115,8 @@ impl Body {
     }
 }
 
+/// A client of the admin API, as one tenant: its address, the tenant's admin token and a timeout per request.
+/// Public: the demo uses it.
 pub struct Client {
     pub(super) admin: AdminUrl,
     pub(super) token: String,

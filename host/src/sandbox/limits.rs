@@ -35,6 +35,7 @@ pub const DEFAULTS: ResolvedLimits = ResolvedLimits {
 
 /// Traps within [`TRAP_WINDOW`] after which a call gets its failure policy.
 pub const MAX_TRAPS: usize = 3;
+/// How far back traps count towards [`MAX_TRAPS`]: older ones are forgotten.
 pub const TRAP_WINDOW: Duration = Duration::from_secs(60);
 
 /// The most linear memory one instance's memory may have: the pooling allocator reserves this much
@@ -42,6 +43,7 @@ pub const TRAP_WINDOW: Duration = Duration::from_secs(60);
 pub const MAX_MEMORY_MIB: u64 = 1024;
 
 impl ResolvedLimits {
+    /// [`ResolvedLimits::component_mib`] in bytes.
     pub fn component_bytes(&self) -> u64 {
         self.component_mib << 20
     }

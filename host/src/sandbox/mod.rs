@@ -33,6 +33,9 @@ pub mod outbound;
 
 pub use outbound::{HttpPolicy, Origin};
 
+// Generated from wit/agent.wit, whose doc comments become the docs; the WIT leaves a few items bare, and
+// the generated helpers (`Refused::name`, `Refused::message`) can have none.
+#[allow(missing_docs)]
 mod bindings {
     wasmtime::component::bindgen!({
         world: "agent",
@@ -94,21 +97,29 @@ impl Default for Limits {
 
 /// What a guest's imports reach: its call, on the host's side. The session implements it.
 pub trait Calls: Send + Sync + 'static {
+    /// The call the instance serves, as it started (the `info` import).
     fn info(&self) -> Call;
+    /// Speaks `text` on a text call (the `say` import): an `agent.say` frame.
     fn say(
         &self,
         text: String,
         last: Option<bool>,
         interruptible: Option<bool>,
     ) -> Result<(), Refused>;
+    /// Drops what Sent has not played yet (the `clear` import): an `agent.clear` frame.
     fn clear(&self) -> Result<(), Refused>;
+    /// Plays these samples on an audio call (the `send-audio` import); dropped when they cannot go.
     fn send_audio(&self, samples: Vec<i16>);
+    /// Uses one of Sent's tools with `arguments` as a JSON object (the `tool` import); resolves with Sent's
+    /// answer.
     fn tool(
         &self,
         name: String,
         arguments: Option<String>,
     ) -> Pin<Box<dyn Future<Output = Result<ToolResult, Refused>> + Send>>;
+    /// Keeps `value` under `key` for the call (the `save` import); refused past the call's state bound.
     fn save(&self, key: String, value: Vec<u8>) -> Result<(), Refused>;
+    /// The value saved under `key` for the call, if any (the `load` import).
     fn load(&self, key: &str) -> Option<Vec<u8>>;
     /// A line the guest logged (with `log`, or on stdout or stderr), after rate limiting.
     fn log(&self, level: Level, message: &str);
@@ -126,6 +137,8 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// A new engine (pooling allocator, epoch interruption) with the host's imports linked, and its epoch
+    /// ticker thread; no cache.
     pub fn new() -> Result<Sandbox> {
         let mut config = Config::new();
         config.epoch_interruption(true);
@@ -243,6 +256,7 @@ impl Sandbox {
         }
     }
 
+    /// The wasmtime engine every agent's code is compiled for.
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
@@ -251,12 +265,16 @@ impl Sandbox {
 /// Why a component cannot serve as an agent.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    /// The bytes do not start with WebAssembly's magic number.
     #[error("this is not WebAssembly")]
     NotWasm,
+    /// A core module (binary version 1), not a component.
     #[error("this is a core WebAssembly module, not a component (build for wasm32-wasip2, or wrap it with `wasm-tools component new`)")]
     CoreModule,
+    /// wasmtime refused to validate or compile it: why.
     #[error("the component does not validate or compile: {0}")]
     Invalid(String),
+    /// Its imports or exports are not the `agent` world's: why.
     #[error("the component does not fit the voicehost:agent world: {0}")]
     WrongWorld(String),
 }
@@ -399,17 +417,26 @@ impl log::Host for HostState {
 /// One event for the guest: one handler call.
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// The call has started: `on-session-start`.
     SessionStart,
+    /// One utterance of the caller (text calls): `on-user-said`.
     UserSaid(UserSaid),
+    /// Caller audio samples (audio calls): `on-audio`.
     Audio(Vec<i16>),
+    /// Sent's answer to a tool call: `on-tool-result`.
     ToolResult(ToolResult),
+    /// A session frame of a type the host does not know: `on-frame`.
     Frame(UnknownFrame),
+    /// Sent ended the call: `on-session-end`.
     SessionEnd(SessionEnd),
+    /// The call was lost: `on-session-lost`.
     SessionLost,
+    /// A fresh instance after a trap, told the trap's kind ([`TrapKind::as_str`]): `on-restart`.
     Restart(String),
 }
 
 impl Event {
+    /// The handler's name in the WIT (`on-user-said`, …).
     pub fn name(&self) -> &'static str {
         HANDLERS[self.handler()]
     }
@@ -452,7 +479,9 @@ pub enum TrapKind {
     WallDeadline,
     /// The instance asked for more linear memory than its cap.
     Memory,
+    /// The guest's call stack overflowed.
     StackOverflow,
+    /// Any other trap, or an instance that could not be made.
     Other,
 }
 
@@ -488,12 +517,16 @@ impl TrapKind {
 /// What one handler call came to.
 #[derive(Debug)]
 pub enum Outcome {
+    /// The handler returned normally.
     Ok,
     /// The handler returned an error: logged and counted; the instance goes on.
     Failed(String),
     /// The instance trapped and was replaced by a fresh one.
     Trapped {
+        /// How it trapped.
         kind: TrapKind,
+        /// For the log: the trap's whole error chain, which handler took too long, or why no instance could
+        /// be made.
         detail: String,
     },
 }

@@ -80,11 +80,14 @@ impl HttpPolicy {
 /// The scheme of an [`Origin`]: only HTTP and HTTPS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scheme {
+    /// `http`, port 80 unless one is given.
     Http,
+    /// `https`, port 443 unless one is given.
     Https,
 }
 
 impl Scheme {
+    /// `http` or `https`.
     pub fn as_str(self) -> &'static str {
         match self {
             Scheme::Http => "http",
@@ -118,18 +121,26 @@ pub struct Origin {
 /// Why a text is not an [`Origin`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OriginError {
+    /// No `://`: the text is not `scheme://host[:port]`.
     #[error("{0:?} is not an origin: write scheme://host[:port], like https://api.example.com")]
     NoScheme(String),
+    /// A scheme other than `http` and `https`.
     #[error("{0:?} is not an origin: only http and https can be allowed")]
     Scheme(String),
+    /// Nothing where the host should be.
     #[error("{0:?} is not an origin: it has no host")]
     NoHost(String),
+    /// A user name or password (`user@`) in the authority.
     #[error("{0:?} is not an origin: a user name or password does not belong in it")]
     UserInfo(String),
+    /// A path other than `/`, a query or a fragment.
     #[error("{0:?} is not an origin: a path, query or fragment does not belong in it (origins are scheme://host[:port])")]
     Path(String),
+    /// A port that is not a number from 1 to 65535.
     #[error("{0:?} is not an origin: the port must be a number from 1 to 65535")]
     Port(String),
+    /// A host with characters other than ASCII letters, digits, `-` and `.`, or a bracketed IPv6 address that
+    /// does not parse.
     #[error("{0:?} is not an origin: the host may hold only ASCII letters, digits, '-' and '.' (an internationalised name in its xn-- form), or an IP address")]
     Host(String),
 }
@@ -186,6 +197,7 @@ impl Origin {
         Ok(Origin { scheme, host, port })
     }
 
+    /// `http` or `https`.
     pub fn scheme(&self) -> Scheme {
         self.scheme
     }
@@ -195,6 +207,7 @@ impl Origin {
         &self.host
     }
 
+    /// The port: the one written, or the scheme's default.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -245,6 +258,7 @@ pub struct PolicyHooks {
 }
 
 impl PolicyHooks {
+    /// The hooks of one instance under `policy`, with no request open; `session` names its call in the log.
     pub fn new(policy: Arc<HttpPolicy>, session: impl Into<String>) -> PolicyHooks {
         PolicyHooks {
             policy,

@@ -24,15 +24,18 @@ pub struct ServeConfig {
     /// Connections to Sent per active agent.
     #[serde(default = "default_connections")]
     pub connections: usize,
+    /// The admin API's listener and the `/metrics` token (`[admin]`).
     #[serde(default)]
     pub admin: AdminConfig,
     /// Defaults for every tenant and agent.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// The tenants (`[[tenants]]`), as written; [`ServeConfig::tenants()`] reads and checks them.
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
 }
 
+/// `[admin]`: where the admin API listens and who may read `/metrics`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
@@ -130,6 +133,7 @@ impl LimitsConfig {
     }
 }
 
+/// One `[[tenants]]` entry, as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
@@ -142,8 +146,10 @@ pub struct TenantConfig {
     pub api_key_env: Option<String>,
     /// …or a file holding it.
     pub api_key_file: Option<PathBuf>,
+    /// The tenant's limits over `[limits]`; its `max_sessions` is its total over all its agents.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Where the tenant's agents may send HTTP requests (`[tenants.http]`).
     #[serde(default)]
     pub http: HttpConfig,
     /// Per agent: `[tenants.agents.agent_x]` with `limits`.
@@ -151,9 +157,12 @@ pub struct TenantConfig {
     pub agents: BTreeMap<String, AgentOverrides>,
 }
 
+/// One agent's entry in `[tenants.agents]`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentOverrides {
+    /// The agent's limits over the tenant's; its `max_sessions` is its own cap, never above the tenant's
+    /// total.
     #[serde(default)]
     pub limits: LimitsConfig,
 }
@@ -165,17 +174,24 @@ pub struct HttpConfig {
     /// Origins: `https://api.example.com`, `http://127.0.0.1:8089`.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// The connect, first-byte and between-bytes timeout and the bound of a whole request, in ms (10 s when
+    /// left out).
     pub timeout_ms: Option<u64>,
+    /// The largest response body a guest may receive, in KiB (1 MiB when left out).
     pub max_response_kib: Option<u64>,
 }
 
 /// One tenant, ready to serve: its key read, its limits resolved.
 pub struct Tenant {
+    /// The tenant's id: its name in the registry, logs and metrics.
     pub id: String,
     token: TokenHash,
+    /// Its Sent API key, read from its environment variable or file.
     pub api_key: ApiKey,
+    /// Its limits, resolved; `max_sessions` is its total over all its agents.
     pub limits: ResolvedLimits,
     agent_limits: BTreeMap<String, ResolvedLimits>,
+    /// Where its agents may send HTTP requests.
     pub http: Arc<HttpPolicy>,
 }
 
@@ -244,6 +260,8 @@ pub fn valid_id(id: &str) -> bool {
 }
 
 impl ServeConfig {
+    /// Reads and parses the file at `path` (a relative `data_dir` is taken from the file's directory); the
+    /// tenants are checked later, by [`ServeConfig::tenants()`].
     pub fn read(path: &Path) -> anyhow::Result<ServeConfig> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;

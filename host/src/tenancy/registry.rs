@@ -8,13 +8,16 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+/// Why the component store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// Nothing is stored at this address.
     #[error("no component {0}")]
     NotFound(Digest),
     /// What is stored no longer hashes to its address.
     #[error("the stored component {0} is damaged")]
     Corrupt(Digest),
+    /// The disk (or what stands in for it) failed.
     #[error("the component store failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -40,6 +43,7 @@ pub struct DiskStore {
 }
 
 impl DiskStore {
+    /// A store in `dir`, created if missing.
     pub fn new(dir: impl Into<PathBuf>) -> Result<DiskStore, StoreError> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir)?;
@@ -106,7 +110,9 @@ impl ComponentStore for DiskStore {
 pub struct VersionRecord {
     /// From 1, per agent; never reused.
     pub version: u32,
+    /// The component's content address in the store.
     pub digest: Digest,
+    /// The component's size in bytes.
     pub size_bytes: u64,
     /// Unix seconds.
     pub uploaded_at: u64,
@@ -115,15 +121,20 @@ pub struct VersionRecord {
 /// One agent of a tenant.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentRecord {
+    /// Every stored version, oldest first.
     pub versions: Vec<VersionRecord>,
+    /// The version new calls get; `None` until one is activated.
     pub active: Option<u32>,
     /// Versions active before the current one, the latest last: what a rollback returns to.
     pub previous: Vec<u32>,
+    /// The number the next upload gets (0 in a new record: the first upload gets 1).
     pub next_version: u32,
+    /// What happens to a call the agent cannot serve (a hangup unless set).
     pub failure_policy: FailurePolicy,
 }
 
 impl AgentRecord {
+    /// The record of `version`, if it is still stored.
     pub fn version(&self, version: u32) -> Option<&VersionRecord> {
         self.versions.iter().find(|v| v.version == version)
     }
@@ -132,26 +143,37 @@ impl AgentRecord {
 /// Everything the registry knows: tenant → agent → record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Index {
+    /// Tenant id → agent id → the agent's record.
     pub tenants: BTreeMap<String, BTreeMap<String, AgentRecord>>,
 }
 
 /// Why the registry refused a change.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
+    /// The tenant has no agent of this id.
     #[error("no agent {0:?}")]
     NoAgent(String),
+    /// The agent has no such version (never uploaded, or deleted).
     #[error("agent {agent:?} has no version {version}")]
-    NoVersion { agent: String, version: u32 },
+    NoVersion {
+        /// The agent's id.
+        agent: String,
+        /// The version asked for.
+        version: u32,
+    },
     /// The change contradicts the registry's state (deleting the active version, nothing to roll back to).
     #[error("{0}")]
     Conflict(String),
+    /// The component store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The index document does not parse, or cannot be written as JSON.
     #[error("the registry's index is unreadable: {0}")]
     BadIndex(String),
 }
 
 impl RegistryError {
+    /// [`RegistryError::NoVersion`] for `agent` and `version`.
     pub fn no_version(agent: &str, version: u32) -> RegistryError {
         RegistryError::NoVersion {
             agent: agent.to_string(),
@@ -159,6 +181,7 @@ impl RegistryError {
         }
     }
 
+    /// The conflict of a rollback for `agent` with no earlier active version to go back to.
     pub fn nothing_to_roll_back(agent: &str) -> RegistryError {
         RegistryError::Conflict(format!(
             "agent {agent:?} has no earlier active version to roll back to"
@@ -189,6 +212,7 @@ impl Registry {
         self.index.tenants.get(tenant).into_iter().flatten()
     }
 
+    /// The record of one of the tenant's agents.
     pub fn agent(&self, tenant: &str, agent: &str) -> Result<&AgentRecord, RegistryError> {
         self.index
             .tenants
@@ -279,6 +303,7 @@ impl Registry {
         })
     }
 
+    /// Sets the agent's failure policy.
     pub fn set_policy(
         &mut self,
         tenant: &str,

@@ -1,4 +1,4 @@
-//! `voicehost serve`: many tenants' agents on one host. It keeps one [`link`] (the agent's connections to
+//! `voicehost serve`: many tenants' agents on one host. It keeps one link (the agent's connections to
 //! Sent, with its tenant's key) for every agent with an active version, and changes what they serve as the
 //! admin API activates, rolls back, or deletes versions. Registry changes happen one at a time, under one
 //! lock; serving calls never takes it.
@@ -22,12 +22,16 @@ use tokio::task::JoinHandle;
 /// Why the server refused a change asked through the admin API.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// The request is wrong, e.g. an agent id Sent cannot know (a 400).
     #[error("{0}")]
     BadRequest(String),
+    /// The component cannot serve as an agent.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// The registry refused the change, or its store failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// The host itself failed, e.g. a compilation that stopped.
     #[error("{0}")]
     Internal(String),
 }
@@ -239,6 +243,7 @@ impl Server {
         Ok(())
     }
 
+    /// Whether [`Server::start`] has finished (`/healthz` answers 200 from then on).
     pub fn ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
@@ -268,6 +273,7 @@ impl Server {
         }
     }
 
+    /// The tenant of this id, as the config says now.
     pub fn tenant(&self, id: &str) -> Option<Arc<Tenant>> {
         self.tenants
             .read()
@@ -306,6 +312,7 @@ impl Server {
         Ok(version)
     }
 
+    /// The tenant's agents and their records, in id order.
     pub async fn agents(&self, tenant: &str) -> Vec<(String, AgentRecord)> {
         let registry = self.registry.lock().await;
         registry
@@ -314,6 +321,7 @@ impl Server {
             .collect()
     }
 
+    /// One of the tenant's agents' records (another tenant's agent is not found).
     pub async fn agent(&self, tenant: &str, agent: &str) -> Result<AgentRecord, ServeError> {
         Ok(self.registry.lock().await.agent(tenant, agent)?.clone())
     }
@@ -381,6 +389,7 @@ impl Server {
         Ok(record)
     }
 
+    /// Forgets a version that is not active; its component goes once no version refers to it.
     pub async fn delete_version(
         &self,
         tenant: &str,

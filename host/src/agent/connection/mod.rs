@@ -60,6 +60,7 @@ type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 pub struct ApiKey(String);
 
 impl ApiKey {
+    /// Wraps the account's API key.
     pub fn new(key: impl Into<String>) -> ApiKey {
         ApiKey(key.into())
     }
@@ -99,7 +100,9 @@ impl fmt::Display for ApiKey {
 pub struct Dial {
     /// The connect endpoint, e.g. `wss://voice.sent.dm/v1/agents/connect`; `agent_id` is appended.
     pub url: String,
+    /// The agent to serve, as Sent knows it (`agent_…`): the connect URL's `agent_id`.
     pub agent_id: String,
+    /// The account's API key, sent as `Authorization: Bearer`.
     pub api_key: ApiKey,
     /// How long the upgrade may take, and again how long `connection.ready` may take after it.
     pub handshake_timeout: Duration,
@@ -136,7 +139,12 @@ impl Dial {
 pub enum ConnectError {
     /// 400/401/403/404: needs a person, never retried.
     #[error("Sent refused the connection ({status}): {reason}")]
-    Refused { status: u16, reason: &'static str },
+    Refused {
+        /// The HTTP status Sent answered the upgrade with.
+        status: u16,
+        /// What that status means ([`refusal_reason`]).
+        reason: &'static str,
+    },
     /// The dial itself is wrong (a URL that does not parse, an unsupported scheme, a key that cannot be a
     /// header value): needs a person, never retried.
     #[error("cannot dial: {0}")]
@@ -172,9 +180,12 @@ pub fn refusal_reason(status: u16) -> Option<&'static str> {
 pub enum Event {
     /// The connection is ready: Sent's `connection.ready`, and the queue the agent writes through.
     Opened {
+        /// Sent's `connection.ready`: the heartbeat interval, the connection's `max_sessions`.
         ready: ConnectionReady,
+        /// Where the agent queues what this connection's writer sends.
         outbox: Arc<Outbox>,
     },
+    /// The connection could not be opened, and why; no `Closed` follows.
     DialFailed(ConnectError),
     /// Every valid frame of Sent's but `ping`. Boxed, so the events of the audio path stay small.
     Frame(Box<Frame>),
@@ -182,10 +193,14 @@ pub enum Event {
     Ping(i64),
     /// A binary audio message: its stream number and samples.
     Audio {
+        /// The stream number Sent gave the call on this connection.
         stream: u16,
+        /// 16-bit little-endian samples, the header stripped (a trailing odd byte dropped).
         samples: Bytes,
     },
+    /// The connection has ended: the last event it sends.
     Closed {
+        /// Why, for the log, e.g. `closed by Sent with 1001`.
         why: String,
     },
 }

@@ -28,6 +28,7 @@ pub const EXTRA_CONNECTIONS: usize = 8;
 /// Session ids of finished calls remembered, at most, and for how long: a `session.start` for one of them
 /// is a duplicate, not a new call (Sent never reuses a session id).
 pub const RECENT_SESSIONS: usize = 4096;
+/// How long a finished call's session id is remembered, at most (see [`RECENT_SESSIONS`]).
 pub const RECENT_FOR: Duration = Duration::from_secs(600);
 
 /// How long an extra connection (or a drained one Sent keeps open) may sit empty before it is closed.
@@ -40,6 +41,7 @@ pub struct RouterConfig {
     pub connections: usize,
     /// What new calls run under, and what happens to a call the agent cannot serve.
     pub limits: CallLimits,
+    /// What happens to a new call the agent cannot serve.
     pub policy: FailurePolicy,
 }
 
@@ -351,6 +353,8 @@ impl Router {
 
     // ----- the guests' requests -----
 
+    /// The next event for call `key`'s guest, in arrival order; `None` when none waits or the call is
+    /// forgotten.
     pub fn next_event(&mut self, key: CallKey) -> Option<GuestEvent> {
         self.with_call(key, |call, _| call.next_event()).flatten()
     }
@@ -386,6 +390,7 @@ impl Router {
         .unwrap_or(Err(Refused::Ended))
     }
 
+    /// The guest's audio for call `key` (16-bit little-endian samples), sent as [`Call::send_audio`] says.
     pub fn send_audio(&mut self, key: CallKey, samples: &[u8]) {
         self.with_call(key, |call, out| call.send_audio(samples, out));
     }
