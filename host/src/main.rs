@@ -77,7 +77,7 @@ struct RunArgs {
     /// Traps within a minute after which the call gets the failure policy.
     #[arg(long, default_value_t = limits::MAX_TRAPS)]
     max_traps: usize,
-    /// What to do with a call whose agent keeps trapping: `hangup`, or `transfer:KIND:VALUE` (e.g.
+    /// What to do with a call its agent cannot serve (repeated traps, no instance, behind Sent): `hangup`, or `transfer:KIND:VALUE` (e.g.
     /// `transfer:number:+14155550100`).
     #[arg(
         long,

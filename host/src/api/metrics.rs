@@ -65,13 +65,13 @@ const SERIES: [AgentSeries; 20] = [
     ),
     (
         "failure_policies",
-        "Failure policies applied (repeated traps or over a cap).",
+        "Failure policies applied (repeated traps, over a cap, no instance, or behind Sent).",
         C,
         |s| s.policies_applied.get(),
     ),
     (
         "frames_in",
-        "Text frames from Sent delivered to sessions.",
+        "Counted text frames read from Sent for the agent's calls.",
         C,
         |s| s.frames_in.get(),
     ),
@@ -86,7 +86,7 @@ const SERIES: [AgentSeries; 20] = [
     }),
     (
         "audio_dropped",
-        "Caller audio dropped because the agent was behind.",
+        "Caller audio dropped: the agent was behind, or the call ended with audio queued.",
         C,
         |s| s.audio_dropped.get(),
     ),

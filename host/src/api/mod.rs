@@ -183,7 +183,7 @@ fn bearer(headers: &header::HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-// ----- views: the server's records as the API's JSON (the types of `api_views`) -----
+// ----- views: the server's records as the API's JSON (the types of `views`) -----
 
 fn agent_view(server: &Server, tenant: &str, agent_id: String, record: AgentRecord) -> AgentView {
     let versions = record

@@ -1,5 +1,5 @@
-//! The admin API's JSON as types: what `voicehost serve` answers (`admin.rs` builds these) and what
-//! `voicehost agents` reads (`cli.rs` parses answers into these), so the two cannot drift apart.
+//! The admin API's JSON as types: what `voicehost serve` answers (`api/mod.rs` builds these) and what
+//! `voicehost agents` reads (`cli/` parses answers into these), so the two cannot drift apart.
 //! Plain data and nothing else: converting the server's records into views is the admin API's business,
 //! rendering them as tables the CLI's. `host/openapi.json` describes the same JSON for other clients.
 //!
@@ -169,7 +169,7 @@ pub struct SessionList {
 pub enum Health {
     /// The host has started (200): it has tried to load every active version.
     Ok {
-        /// Agents with an active version, over all tenants.
+        /// Agents being served now, over all tenants (an active version that failed to load is not one).
         agents: u64,
     },
     /// The host is still loading the active versions (503).

@@ -77,7 +77,7 @@ impl Media {
         }
     }
 
-    /// 16-bit samples in `ms` milliseconds of audio (none for a text call).
+    /// Bytes in `ms` milliseconds of audio, two per 16-bit sample (none for a text call).
     pub fn bytes_per(&self, ms: u32) -> usize {
         match self {
             Media::Text => 0,

@@ -97,7 +97,7 @@ enum AgentsCommand {
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         version: Option<u32>,
     },
-    /// What happens to a call whose agent keeps trapping: `hangup`, or `transfer:KIND:VALUE` (e.g.
+    /// What happens to a call its agent cannot serve (repeated traps, over a cap, no instance, behind Sent): `hangup`, or `transfer:KIND:VALUE` (e.g.
     /// `transfer:number:+14155550100`).
     Policy {
         /// The agent's id, as Sent knows it (agent_…).
@@ -294,7 +294,7 @@ async fn execute(client: &Client, command: AgentsCommand, json: bool) -> Result<
                 .await?;
             render(client, &path, answer, json, |agent: &AgentView| {
                 format!(
-                    "{}: a call whose agent keeps trapping gets {}\n",
+                    "{}: a call its agent cannot serve gets {}\n",
                     clean(&agent.agent_id),
                     policy_text(&agent.failure_policy)
                 )

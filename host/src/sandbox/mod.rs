@@ -255,11 +255,6 @@ impl Sandbox {
             }
         }
     }
-
-    /// The wasmtime engine every agent's code is compiled for.
-    pub fn engine(&self) -> &Engine {
-        &self.engine
-    }
 }
 
 /// Why a component cannot serve as an agent.

@@ -158,7 +158,7 @@ impl Router {
         [calls, idle].into_iter().flatten().min()
     }
 
-    /// Connections open and ready.
+    /// Connections open and ready, draining ones included.
     pub fn ready_connections(&self) -> usize {
         self.conns.values().filter(|c| !c.closing).count()
     }
