@@ -141,7 +141,7 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     limits
         .check()
-        .map_err(|problem| anyhow!("--{}", problem.replace('_', "-")))?;
+        .map_err(|e| anyhow!("--{} {}", e.key.replace('_', "-"), e.problem))?;
     let rules = CallRules {
         limits: Limits::of(&limits, Arc::new(HttpPolicy::allowing(allow))),
         max_traps: args.max_traps,

@@ -19,6 +19,11 @@ impl Counter {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Adds `n` at once.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// The count so far.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)

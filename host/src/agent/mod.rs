@@ -229,9 +229,8 @@ impl Agent {
                     backlog,
                 } => {
                     if let Some(outbox) = shared.outboxes.get(&conn) {
-                        for _ in 0..outbox.audio(key, message, backlog) {
-                            self.stats.audio_out_dropped.inc();
-                        }
+                        let dropped = outbox.audio(key, message, backlog);
+                        self.stats.audio_out_dropped.add(dropped as u64);
                     }
                 }
                 Output::Retract { conn, key } => {

@@ -42,6 +42,16 @@ pub const TRAP_WINDOW: Duration = Duration::from_secs(60);
 /// address space per memory slot, so no limit may be set above it.
 pub const MAX_MEMORY_MIB: u64 = 1024;
 
+/// A limit the engine cannot run: its key in `voicehost.toml` (`run`'s flag is the same with `-`), and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key} {problem}")]
+pub struct LimitError {
+    /// The key, e.g. `memory_mib`.
+    pub key: &'static str,
+    /// What is wrong with its value.
+    pub problem: String,
+}
+
 impl ResolvedLimits {
     /// [`ResolvedLimits::component_mib`] in bytes.
     pub fn component_bytes(&self) -> u64 {
@@ -50,7 +60,7 @@ impl ResolvedLimits {
 
     /// What in these limits the engine cannot run, or that would leave every call unservable, said as
     /// the setting's name and the bound.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), LimitError> {
         let positive = [
             ("memory_mib", self.memory_mib),
             ("cpu_ms", self.cpu_ms),
@@ -58,13 +68,19 @@ impl ResolvedLimits {
             ("component_mib", self.component_mib),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
-            return Err(format!("{name} must be more than 0"));
+            return Err(LimitError {
+                key: name,
+                problem: "must be more than 0".into(),
+            });
         }
         if self.memory_mib > MAX_MEMORY_MIB {
-            return Err(format!(
-                "memory_mib = {} is over the engine's cap of {MAX_MEMORY_MIB} MiB per memory",
-                self.memory_mib
-            ));
+            return Err(LimitError {
+                key: "memory_mib",
+                problem: format!(
+                    "= {} is over the engine's cap of {MAX_MEMORY_MIB} MiB per memory",
+                    self.memory_mib
+                ),
+            });
         }
         Ok(())
     }
@@ -85,7 +101,7 @@ mod tests {
             memory_mib: MAX_MEMORY_MIB + 1,
             ..DEFAULTS
         };
-        assert!(over.check().unwrap_err().contains("memory_mib"));
+        assert_eq!(over.check().unwrap_err().key, "memory_mib");
         let at = ResolvedLimits {
             memory_mib: MAX_MEMORY_MIB,
             ..DEFAULTS
@@ -95,6 +111,9 @@ mod tests {
             cpu_ms: 0,
             ..DEFAULTS
         };
-        assert_eq!(zero.check(), Err("cpu_ms must be more than 0".into()));
+        assert_eq!(
+            zero.check().unwrap_err().to_string(),
+            "cpu_ms must be more than 0"
+        );
     }
 }
