@@ -1,8 +1,11 @@
 //! The admin HTTP API (axum, on its own listener): tenants upload, activate, roll back and delete their
 //! agents' versions, set failure policies and see their live calls; operators read `/healthz` and
-//! `/metrics`. Described for clients in `host/openapi.json`. Handlers are plain functions over the
-//! [`Server`]; a tenant is known only by its bearer token, and another tenant's agent is a 404.
+//! `/metrics`. Handlers are plain functions over the [`Server`]; a tenant is known only by its bearer
+//! token, and another tenant's agent is a 404. Each handler's `#[utoipa::path]` describes it, so the
+//! OpenAPI document ([`openapi`], served at `/openapi.json`) is generated from the routes and the
+//! [`views`]' types.
 
+mod doc;
 pub mod metrics;
 #[cfg(test)]
 mod tests;
@@ -18,49 +21,49 @@ use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::{header, request::Parts, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use doc::{AgentPath, VersionPath};
 use http_body_util::BodyExt as _;
 use metrics::HostCounts;
 use std::sync::Arc;
+use utoipa::OpenApi as _;
+use utoipa_axum::{router::OpenApiRouter, routes};
 use views::{
-    ActivateRequest, AgentList, AgentView, ErrorBody, Health, PartyView, SessionList, SessionView,
-    VersionView,
+    ActivateRequest, AgentList, AgentView, ErrorBody, ErrorCode, Health, PartyView, SessionList,
+    SessionView, VersionView,
 };
 
-/// Declares every route once: the table [`ROUTES`] (what `openapi.json` must describe, checked by a test)
-/// and the router's routes come from the same lines.
-macro_rules! routes {
-    ($($method:ident $path:literal => $handler:ident,)*) => {
-        /// Every route, as (method, path): what `openapi.json` must describe.
-        pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),*];
-
-        fn routes() -> Router<Arc<Server>> {
-            // A second method on a path joins the first (axum merges them).
-            Router::new()$(.route($path, axum::routing::$method($handler)))*
-        }
-    };
-}
-
-routes! {
-    get "/healthz" => healthz,
-    get "/metrics" => metrics,
-    get "/v1/agents" => list_agents,
-    get "/v1/agents/{agent_id}" => show_agent,
-    delete "/v1/agents/{agent_id}" => delete_agent,
-    post "/v1/agents/{agent_id}/versions" => upload,
-    delete "/v1/agents/{agent_id}/versions/{version}" => delete_version,
-    post "/v1/agents/{agent_id}/activate" => activate,
-    post "/v1/agents/{agent_id}/rollback" => rollback,
-    put "/v1/agents/{agent_id}/failure-policy" => set_policy,
-    get "/v1/sessions" => sessions,
-    get "/v1/metrics" => tenant_metrics,
+/// The routes and the document they make: each handler's `#[utoipa::path]` gives its method and path to
+/// both, so a route cannot exist undocumented or be documented and absent.
+fn routes() -> OpenApiRouter<Arc<Server>> {
+    OpenApiRouter::with_openapi(doc::Front::openapi())
+        .routes(routes!(healthz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi_json))
+        .routes(routes!(list_agents))
+        .routes(routes!(show_agent, delete_agent))
+        .routes(routes!(upload))
+        .routes(routes!(delete_version))
+        .routes(routes!(activate))
+        .routes(routes!(rollback))
+        .routes(routes!(set_policy))
+        .routes(routes!(sessions))
+        .routes(routes!(tenant_metrics))
 }
 
 /// The admin API over `server`.
 pub fn router(server: Arc<Server>) -> Router {
-    routes()
+    let (router, _) = routes().split_for_parts();
+    router
         .fallback(not_found)
         .layer(axum::middleware::from_fn(access_log))
         .with_state(server)
+}
+
+/// The admin API's OpenAPI document (served at `/openapi.json`; `host/openapi.json` is this, written out).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let mut document = routes().into_openapi();
+    doc::finish(&mut document);
+    document
 }
 
 /// One line per request: method, path, status, time. Never a header (the token is one).
@@ -83,71 +86,58 @@ async fn access_log(request: axum::extract::Request, next: axum::middleware::Nex
 
 // ----- errors -----
 
-/// An error answer: its status, and its body ([`ErrorBody`]: `{"error": {"code", "message"}}`).
+/// An error answer: its code (which gives its status) and message, as an [`ErrorBody`].
 #[derive(Debug)]
 pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
         ApiError {
-            status,
             code,
             message: message.into(),
         }
     }
 
     fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+        ApiError::new(ErrorCode::BadRequest, message)
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(ErrorBody::new(self.code, self.message))).into_response()
+        let status =
+            StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(ErrorBody::new(self.code, self.message))).into_response()
     }
 }
 
 impl From<ServeError> for ApiError {
     fn from(error: ServeError) -> ApiError {
         let message = error.to_string();
-        match error {
-            ServeError::BadRequest(_) => ApiError::bad_request(message),
-            ServeError::Load(LoadError::NotWasm) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "not_wasm", message)
-            }
-            ServeError::Load(LoadError::CoreModule) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "core_module", message)
-            }
-            ServeError::Load(LoadError::Invalid(_)) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "invalid_component", message)
-            }
-            ServeError::Load(LoadError::WrongWorld(_)) => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "wrong_world", message)
-            }
+        let code = match error {
+            ServeError::BadRequest(_) => ErrorCode::BadRequest,
+            ServeError::Load(LoadError::NotWasm) => ErrorCode::NotWasm,
+            ServeError::Load(LoadError::CoreModule) => ErrorCode::CoreModule,
+            ServeError::Load(LoadError::Invalid(_)) => ErrorCode::InvalidComponent,
+            ServeError::Load(LoadError::WrongWorld(_)) => ErrorCode::WrongWorld,
             ServeError::Registry(RegistryError::NoAgent(_) | RegistryError::NoVersion { .. }) => {
-                ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+                ErrorCode::NotFound
             }
-            ServeError::Registry(RegistryError::Conflict(_)) => {
-                ApiError::new(StatusCode::CONFLICT, "conflict", message)
-            }
+            ServeError::Registry(RegistryError::Conflict(_)) => ErrorCode::Conflict,
             ServeError::Registry(_) | ServeError::Internal(_) => {
                 tracing::error!(error = message, "the admin API failed");
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "the host failed; its log says why",
-                )
+                return ApiError::new(ErrorCode::Internal, "the host failed; its log says why");
             }
-        }
+        };
+        ApiError::new(code, message)
     }
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+    ApiError::new(ErrorCode::NotFound, "no such route")
 }
 
 // ----- the caller -----
@@ -165,8 +155,7 @@ impl FromRequestParts<Arc<Server>> for Tenant {
         match bearer(&parts.headers).and_then(|token| server.tenant_by_token(token)) {
             Some(tenant) => Ok(Tenant(tenant)),
             None => Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                ErrorCode::Unauthorized,
                 "send a tenant's admin token as `Authorization: Bearer <token>`",
             )),
         }
@@ -246,6 +235,17 @@ fn session_view(agent_id: String, version: u32, call: &wit::Call) -> SessionView
 
 // ----- handlers -----
 
+/// Is the host ready to serve calls?
+///
+/// For load balancers and process supervisors. `200` once the registry of agents has loaded, with the
+/// number of agents being served; `503` while it is still loading.
+#[utoipa::path(get, path = "/healthz", tag = "host", operation_id = "health", security(()),
+    responses(
+        (status = 200, description = "The host is serving.", body = Health,
+            example = json!({"status": "ok", "agents": 12})),
+        (status = 503, description = "The host is still loading its registry of agents; try again \
+            shortly.", body = Health, example = json!({"status": "starting"})),
+    ))]
 async fn healthz(State(server): State<Arc<Server>>) -> (StatusCode, Json<Health>) {
     if server.ready() {
         let agents = server.stats().len() as u64;
@@ -255,11 +255,25 @@ async fn healthz(State(server): State<Arc<Server>>) -> (StatusCode, Json<Health>
     }
 }
 
+/// Prometheus metrics
+///
+/// What the host counted (sessions, frames, audio, resumes, traps contained, instance restarts and so
+/// on), labelled by tenant and agent, in the OpenMetrics 1.0 text format (which Prometheus scrapes). It
+/// names every tenant's agents: when the config sets `[admin] metrics_token_sha256`, it needs the
+/// operator's metrics token as a bearer token (a tenant's token is refused); otherwise it is open to
+/// whoever reaches the admin listener.
+#[utoipa::path(get, path = "/metrics", tag = "host", operation_id = "metrics",
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The metrics.", body = String,
+            content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        (status = 401, description = "The config sets a metrics token and the request did not carry \
+            it.", body = ErrorBody),
+    ))]
 async fn metrics(State(server): State<Arc<Server>>, headers: header::HeaderMap) -> Response {
     if !server.may_read_metrics(bearer(&headers)) {
         return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "send the operator's metrics token as `Authorization: Bearer <token>`",
         )
         .into_response();
@@ -274,7 +288,18 @@ async fn metrics(State(server): State<Arc<Server>>, headers: header::HeaderMap) 
     prometheus(text)
 }
 
-/// The tenant's own agents' metrics, nobody else's.
+/// The tenant's own metrics
+///
+/// The same series as `/metrics`, labelled by tenant and agent, for the calling tenant's agents only
+/// (without the host-wide `voicehost_agents_served`, `voicehost_compilations_total` and
+/// `voicehost_compiled_cache_loads_total`). OpenMetrics 1.0 text format; the tenant's token as a bearer
+/// token.
+#[utoipa::path(get, path = "/v1/metrics", tag = "sessions", operation_id = "tenantMetrics",
+    responses(
+        (status = 200, description = "The tenant's metrics.", body = String,
+            content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        (status = 401, response = doc::Unauthorized),
+    ))]
 async fn tenant_metrics(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Response {
     let mut stats = server.stats();
     stats.retain(|(owner, _, _)| *owner == tenant);
@@ -285,6 +310,16 @@ fn prometheus(text: String) -> Response {
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
 }
 
+/// List the tenant's agents
+///
+/// Every agent of the tenant whose token made the request, each with its versions.
+#[utoipa::path(get, path = "/v1/agents", tag = "agents", operation_id = "listAgents",
+    responses(
+        (status = 200, description = "The tenant's agents (an empty list if it has none).",
+            body = AgentList),
+        (status = 401, response = doc::Unauthorized),
+        (status = 500, response = doc::Internal),
+    ))]
 async fn list_agents(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Json<AgentList> {
     let agents = server
         .agents(&tenant)
@@ -295,19 +330,52 @@ async fn list_agents(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) 
     Json(AgentList { agents })
 }
 
+/// Show one agent
+///
+/// The agent, its active version, failure policy, number of live calls and all its versions.
+#[utoipa::path(get, path = "/v1/agents/{agent_id}", tag = "agents", operation_id = "getAgent",
+    params(AgentPath),
+    responses(
+        (status = 200, description = "The agent.", body = AgentView),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 500, response = doc::Internal),
+    ))]
 async fn show_agent(
     State(server): State<Arc<Server>>,
     Tenant(tenant): Tenant,
-    Path(agent_id): Path<String>,
+    Path(AgentPath { agent_id }): Path<AgentPath>,
 ) -> Result<Json<AgentView>, ApiError> {
     let record = server.agent(&tenant, &agent_id).await?;
     Ok(Json(agent_view(&server, &tenant, agent_id, record)))
 }
 
+/// Upload a component as the agent's next version
+///
+/// The body is the component itself, the raw bytes of the `.wasm` file (a WebAssembly component for the
+/// `voicehost:agent` world, e.g. built for `wasm32-wasip2`). The host compiles it and checks its imports
+/// and exports against the world before it stores anything; large components can take several seconds
+/// to compile. The first upload for an agent id creates the agent, with the `hangup` failure policy.
+///
+/// Without `activate=true` the new version is stored but serves no calls until it is activated.
+#[utoipa::path(post, path = "/v1/agents/{agent_id}/versions", tag = "agents",
+    operation_id = "uploadVersion",
+    params(AgentPath, doc::UploadQuery),
+    request_body(content = inline(doc::WasmFile), content_type = "application/wasm",
+        description = "The component's bytes; an empty body is `400 not_wasm`."),
+    responses(
+        (status = 201, description = "The component was accepted and stored as a new version.",
+            body = VersionView),
+        (status = 400, response = doc::UploadRejected),
+        (status = 401, response = doc::Unauthorized),
+        (status = 413, response = doc::UploadRejected),
+        (status = 422, response = doc::UploadRejected),
+        (status = 500, response = doc::Internal),
+    ))]
 async fn upload(
     State(server): State<Arc<Server>>,
     Tenant(tenant): Tenant,
-    Path(agent_id): Path<String>,
+    Path(AgentPath { agent_id }): Path<AgentPath>,
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Result<(StatusCode, Json<VersionView>), ApiError> {
@@ -317,8 +385,7 @@ async fn upload(
         .unwrap_or(0);
     let too_large = || {
         ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
+            ErrorCode::TooLarge,
             format!("the component is over this tenant's cap of {cap} bytes"),
         )
     };
@@ -340,8 +407,7 @@ async fn upload(
     }
     if wasm.is_empty() {
         return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "not_wasm",
+            ErrorCode::NotWasm,
             "the body is empty: send the component's bytes",
         ));
     }
@@ -358,10 +424,25 @@ async fn upload(
     Ok((StatusCode::CREATED, Json(version_view(&version, activate))))
 }
 
+/// Make a version the active one
+///
+/// Calls that start from now on get this version; calls already in progress finish on the version they
+/// started with. The version that was active until now is remembered for `rollback`.
+#[utoipa::path(post, path = "/v1/agents/{agent_id}/activate", tag = "agents",
+    operation_id = "activateVersion",
+    params(AgentPath),
+    request_body(content = ActivateRequest, example = json!({"version": 3})),
+    responses(
+        (status = 200, description = "The agent, with the version now active.", body = AgentView),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 500, response = doc::Internal),
+    ))]
 async fn activate(
     State(server): State<Arc<Server>>,
     Tenant(tenant): Tenant,
-    Path(agent_id): Path<String>,
+    Path(AgentPath { agent_id }): Path<AgentPath>,
     body: Bytes,
 ) -> Result<Json<AgentView>, ApiError> {
     let ActivateRequest { version } = parse_json(&body)?;
@@ -369,19 +450,58 @@ async fn activate(
     Ok(Json(agent_view(&server, &tenant, agent_id, record)))
 }
 
+/// Go back to the previously active version
+///
+/// Activates the version that was active before the current one. As with `activate`, new calls get it
+/// and live calls finish on theirs. The host remembers the versions that were active, in order: each
+/// rollback goes one step further back, skipping versions deleted since. `409 conflict` when there is
+/// nothing left to roll back to.
+#[utoipa::path(post, path = "/v1/agents/{agent_id}/rollback", tag = "agents",
+    operation_id = "rollback",
+    params(AgentPath),
+    responses(
+        (status = 200, description = "The agent, with the previous version active again.",
+            body = AgentView),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 409, response = doc::Conflict),
+        (status = 500, response = doc::Internal),
+    ))]
 async fn rollback(
     State(server): State<Arc<Server>>,
     Tenant(tenant): Tenant,
-    Path(agent_id): Path<String>,
+    Path(AgentPath { agent_id }): Path<AgentPath>,
 ) -> Result<Json<AgentView>, ApiError> {
     let record = server.rollback(&tenant, &agent_id).await?;
     Ok(Json(agent_view(&server, &tenant, agent_id, record)))
 }
 
+/// Choose what happens to a call the agent cannot serve
+///
+/// A call gets the agent's failure policy, without going on with the agent, when the agent keeps trapping
+/// during it (by default 3 traps within 60 seconds; after each single trap the host goes on with a fresh
+/// instance), when the call would be over a session cap of the tenant or agent, or when the agent cannot
+/// keep up with Sent. The policy is to hang up, or to transfer the call, e.g. to a person's phone number.
+/// It applies to calls from now on.
+#[utoipa::path(put, path = "/v1/agents/{agent_id}/failure-policy", tag = "agents",
+    operation_id = "setFailurePolicy",
+    params(AgentPath),
+    request_body(content = FailurePolicy, examples(
+        ("hangup" = (summary = "End the call", value = json!({"action": "hangup"}))),
+        ("transfer" = (summary = "Transfer the call to a phone number", value = json!(
+            {"action": "transfer", "to": {"kind": "number", "value": "+14155550100"}}))),
+    )),
+    responses(
+        (status = 200, description = "The agent, with its new failure policy.", body = AgentView),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 500, response = doc::Internal),
+    ))]
 async fn set_policy(
     State(server): State<Arc<Server>>,
     Tenant(tenant): Tenant,
-    Path(agent_id): Path<String>,
+    Path(AgentPath { agent_id }): Path<AgentPath>,
     body: Bytes,
 ) -> Result<Json<AgentView>, ApiError> {
     let policy: FailurePolicy = parse_json(&body)?;
@@ -389,10 +509,25 @@ async fn set_policy(
     Ok(Json(agent_view(&server, &tenant, agent_id, record)))
 }
 
+/// Delete one version
+///
+/// Deletes a version that is not active. The active version cannot be deleted (`409 conflict`): activate
+/// another version first, or delete the whole agent.
+#[utoipa::path(delete, path = "/v1/agents/{agent_id}/versions/{version}", tag = "agents",
+    operation_id = "deleteVersion",
+    params(VersionPath),
+    responses(
+        (status = 204, description = "The version is gone."),
+        (status = 400, response = doc::BadRequest),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 409, response = doc::Conflict),
+        (status = 500, response = doc::Internal),
+    ))]
 async fn delete_version(
     State(server): State<Arc<Server>>,
     Tenant(tenant): Tenant,
-    Path((agent_id, version)): Path<(String, String)>,
+    Path(VersionPath { agent_id, version }): Path<VersionPath>,
 ) -> Result<StatusCode, ApiError> {
     let version: u32 = version
         .parse()
@@ -401,15 +536,37 @@ async fn delete_version(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Delete an agent and all its versions
+///
+/// The host stops serving the agent: its connections to Sent close, and its live calls go to the
+/// fallback configured at Sent. All its versions are deleted.
+#[utoipa::path(delete, path = "/v1/agents/{agent_id}", tag = "agents", operation_id = "deleteAgent",
+    params(AgentPath),
+    responses(
+        (status = 204, description = "The agent is gone."),
+        (status = 401, response = doc::Unauthorized),
+        (status = 404, response = doc::NotFound),
+        (status = 500, response = doc::Internal),
+    ))]
 async fn delete_agent(
     State(server): State<Arc<Server>>,
     Tenant(tenant): Tenant,
-    Path(agent_id): Path<String>,
+    Path(AgentPath { agent_id }): Path<AgentPath>,
 ) -> Result<StatusCode, ApiError> {
     server.delete_agent(&tenant, &agent_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// List the tenant's live calls
+///
+/// Every call in progress on any of the tenant's agents, with the version serving it.
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", operation_id = "listSessions",
+    responses(
+        (status = 200, description = "The live calls (an empty list if there are none).",
+            body = SessionList),
+        (status = 401, response = doc::Unauthorized),
+        (status = 500, response = doc::Internal),
+    ))]
 async fn sessions(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Json<SessionList> {
     let sessions = server
         .sessions(&tenant)
@@ -417,6 +574,15 @@ async fn sessions(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> 
         .map(|(agent_id, live)| session_view(agent_id, live.version, &live.call))
         .collect();
     Json(SessionList { sessions })
+}
+
+/// This document
+///
+/// The admin API's OpenAPI 3.1 document, generated from the host's own routes and types.
+#[utoipa::path(get, path = "/openapi.json", tag = "host", operation_id = "openapi", security(()),
+    responses((status = 200, description = "The document.", content_type = "application/json")))]
+async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
+    Json(openapi())
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {

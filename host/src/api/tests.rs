@@ -256,3 +256,20 @@ async fn metrics_need_the_operators_token_and_a_tenant_sees_only_its_own() {
     let (status, _) = call(&server, "GET", "/v1/metrics", Some(GLOBEX), vec![]).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// `host/openapi.json` is the document the routes make, as they make it now: rewritten by running this test
+/// with `VOICEHOST_WRITE_OPENAPI=1`, and failing otherwise when a handler or a view changed without it.
+#[test]
+fn openapi_json_is_the_document_the_routes_make() {
+    let generated = format!("{}\n", openapi().to_pretty_json().unwrap());
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json");
+    if std::env::var_os("VOICEHOST_WRITE_OPENAPI").is_some() {
+        std::fs::write(path, &generated).unwrap();
+    }
+    let kept = std::fs::read_to_string(path).unwrap();
+    assert!(
+        kept == generated,
+        "host/openapi.json is stale: run `VOICEHOST_WRITE_OPENAPI=1 cargo test -p voicehost --lib \
+         openapi_json` and commit it"
+    );
+}

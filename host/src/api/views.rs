@@ -1,7 +1,8 @@
 //! The admin API's JSON as types: what `voicehost serve` answers (`api/mod.rs` builds these) and what
 //! `voicehost agents` reads (`cli/` parses answers into these), so the two cannot drift apart.
 //! Plain data and nothing else: converting the server's records into views is the admin API's business,
-//! rendering them as tables the CLI's. `host/openapi.json` describes the same JSON for other clients.
+//! rendering them as tables the CLI's. Their `ToSchema` derives make the OpenAPI document's schemas (see
+//! `api/doc.rs`), so the document cannot drift from them either.
 //!
 //! Serialised, a view is the JSON on the wire field for field, in the order declared here. Reading is
 //! lenient where a newer host may add to it (unknown fields are ignored), except for the request bodies
@@ -9,19 +10,33 @@
 
 use crate::call::FailurePolicy;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// One of a tenant's agents (`GET /v1/agents/{agent_id}`, and the answer to activate, rollback and
 /// failure-policy).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(as = Agent, example = json!({
+    "agent_id": "agent_abc123", "status": "serving", "active_version": 2,
+    "failure_policy": {"action": "transfer", "to": {"kind": "number", "value": "+14155550100"}},
+    "live_sessions": 3,
+    "versions": [
+        {"version": 1, "digest": "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+         "size_bytes": 1843201, "uploaded_at": 1767225600, "active": false},
+        {"version": 2, "digest": "sha256:60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752",
+         "size_bytes": 1851904, "uploaded_at": 1767312000, "active": true}
+    ]
+}))]
 pub struct AgentView {
     /// The agent's id, as Sent knows it (`agent_…`).
+    #[schema(pattern = r"^agent_[A-Za-z0-9-]{1,58}$", example = "agent_abc123")]
     pub agent_id: String,
     /// Whether the agent's calls can reach it.
     pub status: AgentStatus,
-    /// Why Sent refused the agent; only with [`AgentStatus::Refused`], and absent (not `null`) otherwise.
+    /// Why Sent refused the agent; only when the status is `refused`, and absent (not `null`) otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_detail: Option<String>,
-    /// The version new calls get; `null` while no version is active.
+    /// The version new calls get; `null` while no version is active (the agent serves no calls).
+    #[schema(minimum = 1)]
     pub active_version: Option<u32>,
     /// What happens to a call the agent cannot serve.
     pub failure_policy: FailurePolicy,
@@ -32,7 +47,7 @@ pub struct AgentView {
 }
 
 /// Whether an agent's calls can reach it: `inactive`, `connecting`, `serving` or `refused`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentStatus {
     /// No active version: not connected.
@@ -41,7 +56,7 @@ pub enum AgentStatus {
     Connecting,
     /// At least one connection to Sent is ready.
     Serving,
-    /// Sent refused the connection for a reason a person must fix ([`AgentView::status_detail`] says it).
+    /// Sent refused the connection for a reason a person must fix (its `status_detail` says it).
     Refused,
 }
 
@@ -57,12 +72,19 @@ impl AgentStatus {
     }
 }
 
-/// One uploaded component of an agent (in [`AgentView::versions`], and the 201 answer to an upload).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One uploaded component of an agent (in an agent's `versions`, and the 201 answer to an upload).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(as = Version, example = json!({
+    "version": 3, "digest": "sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae",
+    "size_bytes": 1851904, "uploaded_at": 1767398400, "active": false
+}))]
 pub struct VersionView {
-    /// From 1, one more for each upload; never given again.
+    /// From 1, one more for each upload; a number is never given again, even after its version is deleted.
+    #[schema(minimum = 1)]
     pub version: u32,
-    /// The SHA-256 of the component's bytes: `sha256:` and 64 lowercase hex digits.
+    /// The SHA-256 of the component's bytes: `sha256:` and 64 lowercase hex digits (compare it with
+    /// `sha256sum agent.wasm`).
+    #[schema(pattern = "^sha256:[0-9a-f]{64}$")]
     pub digest: String,
     /// The component's size in bytes.
     pub size_bytes: u64,
@@ -72,16 +94,23 @@ pub struct VersionView {
     pub active: bool,
 }
 
-/// A live call (in [`SessionList`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A live call (in a `SessionList`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(as = Session, example = json!({
+    "session_id": "vs_2b8f0c1d", "call_id": "call_7d1e44a0", "agent_id": "agent_abc123", "version": 2,
+    "direction": "inbound", "media": "audio", "sample_rate": 16000, "started_at": "2026-01-02T15:04:05Z",
+    "from": {"kind": "number", "value": "+14155550100"}, "to": {"kind": "agent", "value": "agent_abc123"}
+}))]
 pub struct SessionView {
     /// Sent's id of the session (`vs_…`).
     pub session_id: String,
     /// Sent's id of the call (`call_…`).
     pub call_id: String,
     /// The agent serving the call.
+    #[schema(pattern = r"^agent_[A-Za-z0-9-]{1,58}$", example = "agent_abc123")]
     pub agent_id: String,
     /// The agent's version serving the call: the one active when the call started.
+    #[schema(minimum = 1)]
     pub version: u32,
     /// Who placed the call.
     pub direction: Direction,
@@ -98,7 +127,7 @@ pub struct SessionView {
 }
 
 /// Who placed a call: `inbound` (someone called the agent) or `outbound` (the call was placed to someone).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     /// Someone called the agent.
@@ -118,13 +147,13 @@ impl Direction {
 }
 
 /// What a call carries: `text` (Sent does speech recognition and synthesis) or `audio` (raw frames; the
-/// rate is in [`SessionView::sample_rate`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// rate is in the session's `sample_rate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Media {
     /// Text both ways: Sent turns speech into text and text into speech.
     Text,
-    /// Raw audio both ways, at [`SessionView::sample_rate`].
+    /// Raw audio both ways, at the session's `sample_rate`.
     Audio,
 }
 
@@ -139,8 +168,9 @@ impl Media {
 }
 
 /// A party of a call as Sent named it in the call's start. Unlike a transfer target (in a
-/// [`FailurePolicy`]), its value may be missing: `null` for an anonymous caller.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `FailurePolicy`), its value may be missing: `null` for an anonymous caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(as = CallParty)]
 pub struct PartyView {
     /// `user`, `number`, `conference`, `agent`, `anonymous`, or a kind Sent adds.
     pub kind: String,
@@ -149,14 +179,14 @@ pub struct PartyView {
 }
 
 /// The answer to `GET /v1/agents`: the tenant's agents.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct AgentList {
     /// The tenant's agents, in id order.
     pub agents: Vec<AgentView>,
 }
 
 /// The answer to `GET /v1/sessions`: the tenant's live calls.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionList {
     /// The tenant's live calls, over all its agents.
     pub sessions: Vec<SessionView>,
@@ -164,7 +194,7 @@ pub struct SessionList {
 
 /// The answer to `GET /healthz`: `{"status":"ok","agents":N}` (200) once every active agent is loaded,
 /// `{"status":"starting"}` (503) before.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum Health {
     /// The host has started (200): it has tried to load every active version.
@@ -177,17 +207,19 @@ pub enum Health {
 }
 
 /// The body of every error answer: `{"error":{"code":…,"message":…}}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(as = Error)]
 pub struct ErrorBody {
     /// The error's code and message.
     pub error: ErrorDetail,
 }
 
 /// What went wrong.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
-    /// What kind of error it is, e.g. `not_found` (`ErrorCode` in `openapi.json` lists them). A string,
-    /// not an enum: a client must take a code it does not know from a newer host.
+    /// What kind of error it is, e.g. `not_found` (one of `ErrorCode`). A string here, not the enum: a
+    /// client must take a code it does not know from a newer host.
+    #[schema(value_type = ErrorCode)]
     pub code: String,
     /// For people; it may change between releases: match on `code`.
     pub message: String,
@@ -195,22 +227,101 @@ pub struct ErrorDetail {
 
 impl ErrorBody {
     /// The body of an error with `code` and `message`.
-    pub fn new(code: impl Into<String>, message: impl Into<String>) -> ErrorBody {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ErrorBody {
         ErrorBody {
             error: ErrorDetail {
-                code: code.into(),
+                code: code.as_str().to_string(),
                 message: message.into(),
             },
         }
     }
 }
 
+/// What kind of error it is; each goes with one HTTP status, as listed here. A client matches on it, never
+/// on the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 401: no `Authorization: Bearer` token, or not a token the host knows.
+    Unauthorized,
+    /// 404: no such agent or version for this tenant (another tenant's agent is not found too), or no
+    /// such route.
+    NotFound,
+    /// 400: a body that is not the JSON expected, an upload for an agent id that is not Sent's or with a
+    /// query other than `activate=true|false`, a version that is not a positive integer.
+    BadRequest,
+    /// 400: the uploaded body is not WebAssembly at all (or is empty).
+    NotWasm,
+    /// 400: the upload is a core WebAssembly module, not a component: build for `wasm32-wasip2`.
+    CoreModule,
+    /// 400: a component that does not validate or compile, e.g. a truncated file.
+    InvalidComponent,
+    /// 422: a valid component whose imports or exports do not fit the `voicehost:agent` world.
+    WrongWorld,
+    /// 413: the upload is over the tenant's component size cap.
+    TooLarge,
+    /// 409: the request clashes with the agent's state: deleting the active version, or a rollback with
+    /// nothing to roll back to.
+    Conflict,
+    /// 500: the host failed; the operator's log says why.
+    Internal,
+}
+
+impl ErrorCode {
+    /// Every code, in the order declared.
+    pub const ALL: [ErrorCode; 10] = [
+        ErrorCode::Unauthorized,
+        ErrorCode::NotFound,
+        ErrorCode::BadRequest,
+        ErrorCode::NotWasm,
+        ErrorCode::CoreModule,
+        ErrorCode::InvalidComponent,
+        ErrorCode::WrongWorld,
+        ErrorCode::TooLarge,
+        ErrorCode::Conflict,
+        ErrorCode::Internal,
+    ];
+
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::NotWasm => "not_wasm",
+            ErrorCode::CoreModule => "core_module",
+            ErrorCode::InvalidComponent => "invalid_component",
+            ErrorCode::WrongWorld => "wrong_world",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// The HTTP status that goes with it.
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::NotFound => 404,
+            ErrorCode::BadRequest
+            | ErrorCode::NotWasm
+            | ErrorCode::CoreModule
+            | ErrorCode::InvalidComponent => 400,
+            ErrorCode::WrongWorld => 422,
+            ErrorCode::TooLarge => 413,
+            ErrorCode::Conflict => 409,
+            ErrorCode::Internal => 500,
+        }
+    }
+}
+
 /// The body of `POST /v1/agents/{agent_id}/activate`. (The body of `PUT …/failure-policy` is a
-/// [`FailurePolicy`] as it is.)
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `FailurePolicy` as it is.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActivateRequest {
-    /// The version to make active: one of the agent's stored versions.
+    /// The version to make active: one of the agent's stored versions (else `404 not_found`).
+    #[schema(minimum = 1)]
     pub version: u32,
 }
 
@@ -327,7 +438,7 @@ mod tests {
         exactly(&Health::Ok { agents: 2 }, r#"{"status":"ok","agents":2}"#);
         exactly(&Health::Starting, r#"{"status":"starting"}"#);
         exactly(
-            &ErrorBody::new("not_found", "no such route"),
+            &ErrorBody::new(ErrorCode::NotFound, "no such route"),
             r#"{"error":{"code":"not_found","message":"no such route"}}"#,
         );
         exactly(&ActivateRequest { version: 3 }, r#"{"version":3}"#);
@@ -346,12 +457,8 @@ mod tests {
     }
 
     #[test]
-    fn the_examples_of_openapi_json_are_these_views() {
-        let document: serde_json::Value = serde_json::from_str(include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/openapi.json"
-        )))
-        .unwrap();
+    fn the_examples_of_the_api_document_are_these_views() {
+        let document = serde_json::to_value(crate::api::openapi()).unwrap();
         let schemas = &document["components"]["schemas"];
         documented::<AgentView>(&schemas["Agent"]["example"], "Agent");
         documented::<VersionView>(&schemas["Version"]["example"], "Version");
@@ -360,6 +467,25 @@ mod tests {
         for status in ["200", "503"] {
             let example = &health[status]["content"]["application/json"]["example"];
             documented::<Health>(example, status);
+        }
+        let responses = document["components"]["responses"].as_object().unwrap();
+        assert!(responses.len() >= 6);
+        for (name, response) in responses {
+            let content = &response["content"]["application/json"];
+            let examples: Vec<&serde_json::Value> = match content["examples"].as_object() {
+                Some(named) => named.values().map(|e| &e["value"]).collect(),
+                None => vec![&content["example"]],
+            };
+            for example in examples {
+                documented::<ErrorBody>(example, name);
+            }
+        }
+    }
+
+    #[test]
+    fn every_error_code_is_its_name_on_the_wire() {
+        for code in ErrorCode::ALL {
+            exactly(&code, &format!("\"{}\"", code.as_str()));
         }
     }
 

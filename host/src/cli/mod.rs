@@ -493,8 +493,8 @@ mod tests {
     }
 
     #[test]
-    fn the_cli_calls_only_what_openapi_json_describes() {
-        let document: Value = serde_json::from_str(include_str!("../../openapi.json")).unwrap();
+    fn the_cli_calls_only_what_the_api_describes() {
+        let document = serde_json::to_value(crate::api::openapi()).unwrap();
         assert!(document["openapi"].as_str().unwrap().starts_with("3.1"));
         for (path, method) in [
             ("/v1/agents", "get"),
@@ -512,12 +512,6 @@ mod tests {
                 "{method} {path}"
             );
         }
-        let codes = &document["components"]["schemas"]["ErrorCode"]["enum"];
-        assert_eq!(codes.as_array().unwrap().len(), 10);
-        assert_eq!(
-            document["components"]["parameters"]["AgentId"]["schema"]["$ref"],
-            "#/components/schemas/AgentId"
-        );
     }
 
     /// A one-shot HTTP server on loopback: answers one request with `answer` and hands back the request.
