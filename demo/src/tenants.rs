@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use voicehost::api::views::{AgentList, AgentView, VersionView};
 use voicehost::cli::{agents_table, Body, Client};
-use voicehost::tenancy::Server;
+use voicehost::tenancy::Tenancy;
 use voicehost::tenancy::{token_sha256, ServeConfig};
 
 /// The demo's tenants: (tenant, its admin token, its Sent key, its agent, the example it uploads).
@@ -32,24 +32,28 @@ const TENANTS: [(&str, &str, &str, &str, &str); 2] = [
     ),
 ];
 
-/// A server and its admin API on a loopback port.
+/// `serve` in-process and its admin API on a loopback port.
 struct Hosted {
-    server: Arc<Server>,
+    tenancy: Arc<Tenancy>,
     admin: String,
     api: tokio::task::JoinHandle<()>,
 }
 
 impl Hosted {
     async fn start(config: &Path) -> Result<Hosted> {
-        let server = Server::open(&ServeConfig::read(config)?)?;
+        let tenancy = Tenancy::open(&ServeConfig::read(config)?)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let admin = format!("http://{}", listener.local_addr()?);
-        let router = voicehost::api::router(server.clone());
+        let router = voicehost::api::router(tenancy.clone());
         let api = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
-        server.start().await;
-        Ok(Hosted { server, admin, api })
+        tenancy.start().await;
+        Ok(Hosted {
+            tenancy,
+            admin,
+            api,
+        })
     }
 
     fn client(&self, token: &str) -> Result<Client> {
@@ -57,7 +61,7 @@ impl Hosted {
     }
 
     async fn stop(self) {
-        self.server.shutdown().await;
+        self.tenancy.shutdown().await;
         self.api.abort();
     }
 }
@@ -140,10 +144,10 @@ async fn tour(dir: &Path) -> Result<()> {
 
     tokio::time::sleep(Duration::from_millis(200)).await;
     let metrics = voicehost::api::metrics::render(
-        &hosted.server.stats(),
+        &hosted.tenancy.stats(),
         Some(voicehost::api::metrics::HostCounts {
-            compilations: &hosted.server.compilations,
-            cache_loads: &hosted.server.cache_loads,
+            compilations: &hosted.tenancy.compilations,
+            cache_loads: &hosted.tenancy.cache_loads,
         }),
     );
     println!("\nfrom /metrics:");
@@ -162,8 +166,8 @@ async fn tour(dir: &Path) -> Result<()> {
     println!(
         "\nrestarted on the same data directory: serving again in {} ms, {} compilations, {} from the compiled cache",
         started.elapsed().as_millis(),
-        hosted.server.compilations.get(),
-        hosted.server.cache_loads.get()
+        hosted.tenancy.compilations.get(),
+        hosted.tenancy.cache_loads.get()
     );
     let mut call = sim.connection_for(Some(acme.3)).await?.start_text();
     call.expect_frame("the greeting", |j| j["type"] == "agent.say")

@@ -18,7 +18,7 @@ use voicehost::sandbox::{HttpPolicy, Origin};
 use voicehost::sandbox::{Limits, Sandbox};
 use voicehost::stats::Stats;
 use voicehost::tenancy::ServeConfig;
-use voicehost::tenancy::Server;
+use voicehost::tenancy::Tenancy;
 
 #[derive(Parser)]
 #[command(
@@ -169,7 +169,7 @@ async fn run(args: RunArgs) -> Result<()> {
 
 async fn serve(path: &std::path::Path) -> Result<()> {
     let config = ServeConfig::read(path)?;
-    let server = Server::open(&config)?;
+    let tenancy = Tenancy::open(&config)?;
     let listener = tokio::net::TcpListener::bind(config.admin.listen)
         .await
         .with_context(|| format!("the admin API cannot listen on {}", config.admin.listen))?;
@@ -177,25 +177,25 @@ async fn serve(path: &std::path::Path) -> Result<()> {
     let (stop, stopped) = watch::channel(false);
     let api = tokio::spawn({
         let mut stopped = stopped.clone();
-        axum::serve(listener, api::router(server.clone()))
+        axum::serve(listener, api::router(tenancy.clone()))
             .with_graceful_shutdown(async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             })
             .into_future()
     });
     // The admin API answers `/healthz` with 503 until every active agent is loaded.
-    server.start().await;
-    serve_until_stopped(&server, path).await;
+    tenancy.start().await;
+    serve_until_stopped(&tenancy, path).await;
     tracing::info!("stopping: closing every connection");
     let _ = stop.send(true);
-    server.shutdown().await;
+    tenancy.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_secs(5), api).await;
     Ok(())
 }
 
 /// Waits for SIGINT or SIGTERM; on SIGHUP, reloads the config (a config that does not load is logged and
 /// changes nothing).
-async fn serve_until_stopped(server: &Arc<Server>, path: &std::path::Path) {
+async fn serve_until_stopped(tenancy: &Arc<Tenancy>, path: &std::path::Path) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -207,7 +207,7 @@ async fn serve_until_stopped(server: &Arc<Server>, path: &std::path::Path) {
                     _ = &mut stop => return,
                     _ = hangups.recv() => {
                         let reloaded = match ServeConfig::read(path) {
-                            Ok(config) => server.reload(&config).await,
+                            Ok(config) => tenancy.reload(&config).await,
                             Err(error) => Err(error),
                         };
                         if let Err(error) = reloaded {

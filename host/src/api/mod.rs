@@ -1,6 +1,6 @@
 //! The admin HTTP API (axum, on its own listener): tenants upload, activate, roll back and delete their
 //! agents' versions, set failure policies and see their live calls; operators read `/healthz` and
-//! `/metrics`. Handlers are plain functions over the [`Server`]; a tenant is known only by its bearer
+//! `/metrics`. Handlers are plain functions over the [`Tenancy`]; a tenant is known only by its bearer
 //! token, and another tenant's agent is a 404. Each handler's `#[utoipa::path]` describes it, so the
 //! OpenAPI document ([`openapi`], served at `/openapi.json`) is generated from the routes and the
 //! [`views`]' types.
@@ -15,7 +15,7 @@ use crate::call::FailurePolicy;
 use crate::sandbox::wit::{self, Direction, Media};
 use crate::sandbox::LoadError;
 use crate::tenancy::registry::{AgentRecord, RegistryError, VersionRecord};
-use crate::tenancy::server::{AgentStatus, ServeError, Server};
+use crate::tenancy::{AgentStatus, ServeError, Tenancy};
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::{header, request::Parts, StatusCode};
@@ -34,7 +34,7 @@ use views::{
 
 /// The routes and the document they make: each handler's `#[utoipa::path]` gives its method and path to
 /// both, so a route cannot exist undocumented or be documented and absent.
-fn routes() -> OpenApiRouter<Arc<Server>> {
+fn routes() -> OpenApiRouter<Arc<Tenancy>> {
     OpenApiRouter::with_openapi(doc::Front::openapi())
         .routes(routes!(healthz))
         .routes(routes!(metrics))
@@ -50,13 +50,13 @@ fn routes() -> OpenApiRouter<Arc<Server>> {
         .routes(routes!(tenant_metrics))
 }
 
-/// The admin API over `server`.
-pub fn router(server: Arc<Server>) -> Router {
+/// The admin API over `tenancy`.
+pub fn router(tenancy: Arc<Tenancy>) -> Router {
     let (router, _) = routes().split_for_parts();
     router
         .fallback(not_found)
         .layer(axum::middleware::from_fn(access_log))
-        .with_state(server)
+        .with_state(tenancy)
 }
 
 /// The admin API's OpenAPI document (served at `/openapi.json`; `host/openapi.json` is this, written out).
@@ -145,14 +145,14 @@ async fn not_found() -> ApiError {
 /// The tenant whose admin token came with the request.
 pub struct Tenant(String);
 
-impl FromRequestParts<Arc<Server>> for Tenant {
+impl FromRequestParts<Arc<Tenancy>> for Tenant {
     type Rejection = ApiError;
 
     async fn from_request_parts(
         parts: &mut Parts,
-        server: &Arc<Server>,
+        tenancy: &Arc<Tenancy>,
     ) -> Result<Tenant, ApiError> {
-        match bearer(&parts.headers).and_then(|token| server.tenant_by_token(token)) {
+        match bearer(&parts.headers).and_then(|token| tenancy.tenant_by_token(token)) {
             Some(tenant) => Ok(Tenant(tenant)),
             None => Err(ApiError::new(
                 ErrorCode::Unauthorized,
@@ -172,15 +172,15 @@ fn bearer(headers: &header::HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-// ----- views: the server's records as the API's JSON (the types of `views`) -----
+// ----- views: the tenancy's records as the API's JSON (the types of `views`) -----
 
-fn agent_view(server: &Server, tenant: &str, agent_id: String, record: AgentRecord) -> AgentView {
+fn agent_view(tenancy: &Tenancy, tenant: &str, agent_id: String, record: AgentRecord) -> AgentView {
     let versions = record
         .versions
         .iter()
         .map(|v| version_view(v, record.active == Some(v.version)))
         .collect();
-    let (status, status_detail) = match server.status(tenant, &agent_id) {
+    let (status, status_detail) = match tenancy.status(tenant, &agent_id) {
         AgentStatus::Inactive => (views::AgentStatus::Inactive, None),
         AgentStatus::Connecting => (views::AgentStatus::Connecting, None),
         AgentStatus::Serving => (views::AgentStatus::Serving, None),
@@ -189,7 +189,7 @@ fn agent_view(server: &Server, tenant: &str, agent_id: String, record: AgentReco
     AgentView {
         status,
         status_detail,
-        live_sessions: server.live_sessions(tenant, &agent_id) as u64,
+        live_sessions: tenancy.live_sessions(tenant, &agent_id) as u64,
         agent_id,
         active_version: record.active,
         failure_policy: record.failure_policy,
@@ -246,9 +246,9 @@ fn session_view(agent_id: String, version: u32, call: &wit::Call) -> SessionView
         (status = 503, description = "The host is still loading its registry of agents; try again \
             shortly.", body = Health, example = json!({"status": "starting"})),
     ))]
-async fn healthz(State(server): State<Arc<Server>>) -> (StatusCode, Json<Health>) {
-    if server.ready() {
-        let agents = server.stats().len() as u64;
+async fn healthz(State(tenancy): State<Arc<Tenancy>>) -> (StatusCode, Json<Health>) {
+    if tenancy.ready() {
+        let agents = tenancy.stats().len() as u64;
         (StatusCode::OK, Json(Health::Ok { agents }))
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, Json(Health::Starting))
@@ -270,8 +270,8 @@ async fn healthz(State(server): State<Arc<Server>>) -> (StatusCode, Json<Health>
         (status = 401, description = "The config sets a metrics token and the request did not carry \
             it.", body = ErrorBody),
     ))]
-async fn metrics(State(server): State<Arc<Server>>, headers: header::HeaderMap) -> Response {
-    if !server.may_read_metrics(bearer(&headers)) {
+async fn metrics(State(tenancy): State<Arc<Tenancy>>, headers: header::HeaderMap) -> Response {
+    if !tenancy.may_read_metrics(bearer(&headers)) {
         return ApiError::new(
             ErrorCode::Unauthorized,
             "send the operator's metrics token as `Authorization: Bearer <token>`",
@@ -279,10 +279,10 @@ async fn metrics(State(server): State<Arc<Server>>, headers: header::HeaderMap) 
         .into_response();
     }
     let text = metrics::render(
-        &server.stats(),
+        &tenancy.stats(),
         Some(HostCounts {
-            compilations: &server.compilations,
-            cache_loads: &server.cache_loads,
+            compilations: &tenancy.compilations,
+            cache_loads: &tenancy.cache_loads,
         }),
     );
     prometheus(text)
@@ -300,8 +300,8 @@ async fn metrics(State(server): State<Arc<Server>>, headers: header::HeaderMap) 
             content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
         (status = 401, response = doc::Unauthorized),
     ))]
-async fn tenant_metrics(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Response {
-    let mut stats = server.stats();
+async fn tenant_metrics(State(tenancy): State<Arc<Tenancy>>, Tenant(tenant): Tenant) -> Response {
+    let mut stats = tenancy.stats();
     stats.retain(|(owner, _, _)| *owner == tenant);
     prometheus(metrics::render(&stats, None))
 }
@@ -320,12 +320,15 @@ fn prometheus(text: String) -> Response {
         (status = 401, response = doc::Unauthorized),
         (status = 500, response = doc::Internal),
     ))]
-async fn list_agents(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Json<AgentList> {
-    let agents = server
+async fn list_agents(
+    State(tenancy): State<Arc<Tenancy>>,
+    Tenant(tenant): Tenant,
+) -> Json<AgentList> {
+    let agents = tenancy
         .agents(&tenant)
         .await
         .into_iter()
-        .map(|(id, record)| agent_view(&server, &tenant, id, record))
+        .map(|(id, record)| agent_view(&tenancy, &tenant, id, record))
         .collect();
     Json(AgentList { agents })
 }
@@ -342,12 +345,12 @@ async fn list_agents(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) 
         (status = 500, response = doc::Internal),
     ))]
 async fn show_agent(
-    State(server): State<Arc<Server>>,
+    State(tenancy): State<Arc<Tenancy>>,
     Tenant(tenant): Tenant,
     Path(AgentPath { agent_id }): Path<AgentPath>,
 ) -> Result<Json<AgentView>, ApiError> {
-    let record = server.agent(&tenant, &agent_id).await?;
-    Ok(Json(agent_view(&server, &tenant, agent_id, record)))
+    let record = tenancy.agent(&tenant, &agent_id).await?;
+    Ok(Json(agent_view(&tenancy, &tenant, agent_id, record)))
 }
 
 /// Upload a component as the agent's next version
@@ -373,13 +376,13 @@ async fn show_agent(
         (status = 500, response = doc::Internal),
     ))]
 async fn upload(
-    State(server): State<Arc<Server>>,
+    State(tenancy): State<Arc<Tenancy>>,
     Tenant(tenant): Tenant,
     Path(AgentPath { agent_id }): Path<AgentPath>,
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Result<(StatusCode, Json<VersionView>), ApiError> {
-    let cap = server
+    let cap = tenancy
         .tenant(&tenant)
         .map(|t| t.agent_limits(&agent_id).component_bytes())
         .unwrap_or(0);
@@ -420,7 +423,7 @@ async fn upload(
             )))
         }
     };
-    let version = server.upload(&tenant, &agent_id, wasm, activate).await?;
+    let version = tenancy.upload(&tenant, &agent_id, wasm, activate).await?;
     Ok((StatusCode::CREATED, Json(version_view(&version, activate))))
 }
 
@@ -440,14 +443,14 @@ async fn upload(
         (status = 500, response = doc::Internal),
     ))]
 async fn activate(
-    State(server): State<Arc<Server>>,
+    State(tenancy): State<Arc<Tenancy>>,
     Tenant(tenant): Tenant,
     Path(AgentPath { agent_id }): Path<AgentPath>,
     body: Bytes,
 ) -> Result<Json<AgentView>, ApiError> {
     let ActivateRequest { version } = parse_json(&body)?;
-    let record = server.activate(&tenant, &agent_id, version).await?;
-    Ok(Json(agent_view(&server, &tenant, agent_id, record)))
+    let record = tenancy.activate(&tenant, &agent_id, version).await?;
+    Ok(Json(agent_view(&tenancy, &tenant, agent_id, record)))
 }
 
 /// Go back to the previously active version
@@ -468,12 +471,12 @@ async fn activate(
         (status = 500, response = doc::Internal),
     ))]
 async fn rollback(
-    State(server): State<Arc<Server>>,
+    State(tenancy): State<Arc<Tenancy>>,
     Tenant(tenant): Tenant,
     Path(AgentPath { agent_id }): Path<AgentPath>,
 ) -> Result<Json<AgentView>, ApiError> {
-    let record = server.rollback(&tenant, &agent_id).await?;
-    Ok(Json(agent_view(&server, &tenant, agent_id, record)))
+    let record = tenancy.rollback(&tenant, &agent_id).await?;
+    Ok(Json(agent_view(&tenancy, &tenant, agent_id, record)))
 }
 
 /// Choose what happens to a call the agent cannot serve
@@ -499,14 +502,14 @@ async fn rollback(
         (status = 500, response = doc::Internal),
     ))]
 async fn set_policy(
-    State(server): State<Arc<Server>>,
+    State(tenancy): State<Arc<Tenancy>>,
     Tenant(tenant): Tenant,
     Path(AgentPath { agent_id }): Path<AgentPath>,
     body: Bytes,
 ) -> Result<Json<AgentView>, ApiError> {
     let policy: FailurePolicy = parse_json(&body)?;
-    let record = server.set_policy(&tenant, &agent_id, policy).await?;
-    Ok(Json(agent_view(&server, &tenant, agent_id, record)))
+    let record = tenancy.set_policy(&tenant, &agent_id, policy).await?;
+    Ok(Json(agent_view(&tenancy, &tenant, agent_id, record)))
 }
 
 /// Delete one version
@@ -525,14 +528,14 @@ async fn set_policy(
         (status = 500, response = doc::Internal),
     ))]
 async fn delete_version(
-    State(server): State<Arc<Server>>,
+    State(tenancy): State<Arc<Tenancy>>,
     Tenant(tenant): Tenant,
     Path(VersionPath { agent_id, version }): Path<VersionPath>,
 ) -> Result<StatusCode, ApiError> {
     let version: u32 = version
         .parse()
         .map_err(|_| ApiError::bad_request(format!("{version:?} is not a version number")))?;
-    server.delete_version(&tenant, &agent_id, version).await?;
+    tenancy.delete_version(&tenant, &agent_id, version).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -549,11 +552,11 @@ async fn delete_version(
         (status = 500, response = doc::Internal),
     ))]
 async fn delete_agent(
-    State(server): State<Arc<Server>>,
+    State(tenancy): State<Arc<Tenancy>>,
     Tenant(tenant): Tenant,
     Path(AgentPath { agent_id }): Path<AgentPath>,
 ) -> Result<StatusCode, ApiError> {
-    server.delete_agent(&tenant, &agent_id).await?;
+    tenancy.delete_agent(&tenant, &agent_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -567,8 +570,11 @@ async fn delete_agent(
         (status = 401, response = doc::Unauthorized),
         (status = 500, response = doc::Internal),
     ))]
-async fn sessions(State(server): State<Arc<Server>>, Tenant(tenant): Tenant) -> Json<SessionList> {
-    let sessions = server
+async fn sessions(
+    State(tenancy): State<Arc<Tenancy>>,
+    Tenant(tenant): Tenant,
+) -> Json<SessionList> {
+    let sessions = tenancy
         .sessions(&tenant)
         .into_iter()
         .map(|(agent_id, live)| session_view(agent_id, live.version, &live.call))

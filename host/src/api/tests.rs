@@ -1,5 +1,5 @@
 //! The admin API's shapes and errors, through `router(..).oneshot(..)`: no socket, no Sent. (The socket,
-//! uploads that serve calls and the CLI against a live server are in `host/tests/all/tenancy.rs`.)
+//! uploads that serve calls and the CLI against a live host are in `host/tests/all/tenancy.rs`.)
 
 use super::*;
 use axum::http::Request;
@@ -18,9 +18,9 @@ impl Drop for Dir {
     }
 }
 
-/// A server for tenants acme and globex on a fresh data directory, not started (so not ready), with an
+/// A tenancy for tenants acme and globex on a fresh data directory, not started (so not ready), with an
 /// unreachable Sent: nothing here dials it.
-fn server(name: &str) -> (Arc<Server>, Dir) {
+fn tenancy(name: &str) -> (Arc<Tenancy>, Dir) {
     let dir = std::env::temp_dir().join(format!("voicehost-api-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -40,12 +40,12 @@ fn server(name: &str) -> (Arc<Server>, Dir) {
         tenant("globex", GLOBEX)
     );
     let config: crate::tenancy::ServeConfig = toml::from_str(&text).unwrap();
-    (Server::open(&config).unwrap(), Dir(dir))
+    (Tenancy::open(&config).unwrap(), Dir(dir))
 }
 
 /// One request; the status and the body's JSON (`Null` when empty or not JSON).
 async fn call(
-    server: &Arc<Server>,
+    tenancy: &Arc<Tenancy>,
     method: &str,
     path: &str,
     token: Option<&str>,
@@ -55,7 +55,7 @@ async fn call(
     if let Some(token) = token {
         request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
     }
-    let response = router(server.clone())
+    let response = router(tenancy.clone())
         .oneshot(request.body(Body::from(body)).unwrap())
         .await
         .unwrap();
@@ -75,9 +75,9 @@ fn code(body: &serde_json::Value) -> String {
 
 #[tokio::test]
 async fn a_request_without_a_tenants_token_is_401_in_the_error_shape() {
-    let (server, _dir) = server("unauthorized");
+    let (tenancy, _dir) = tenancy("unauthorized");
     for token in [None, Some("not-a-token"), Some(OPERATOR)] {
-        let (status, body) = call(&server, "GET", "/v1/agents", token, vec![]).await;
+        let (status, body) = call(&tenancy, "GET", "/v1/agents", token, vec![]).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{token:?}");
         assert_eq!(code(&body), "unauthorized");
     }
@@ -85,12 +85,12 @@ async fn a_request_without_a_tenants_token_is_401_in_the_error_shape() {
 
 #[tokio::test]
 async fn a_new_tenant_lists_no_agents_and_no_sessions() {
-    let (server, _dir) = server("empty");
-    let (status, body) = call(&server, "GET", "/v1/agents", Some(ACME), vec![]).await;
+    let (tenancy, _dir) = tenancy("empty");
+    let (status, body) = call(&tenancy, "GET", "/v1/agents", Some(ACME), vec![]).await;
     assert_eq!(status, StatusCode::OK);
     let list: AgentList = serde_json::from_value(body).unwrap();
     assert!(list.agents.is_empty());
-    let (status, body) = call(&server, "GET", "/v1/sessions", Some(ACME), vec![]).await;
+    let (status, body) = call(&tenancy, "GET", "/v1/sessions", Some(ACME), vec![]).await;
     assert_eq!(status, StatusCode::OK);
     let list: SessionList = serde_json::from_value(body).unwrap();
     assert!(list.sessions.is_empty());
@@ -98,15 +98,15 @@ async fn a_new_tenant_lists_no_agents_and_no_sessions() {
 
 #[tokio::test]
 async fn health_is_503_starting_until_the_server_has_started() {
-    let (server, _dir) = server("health");
-    let (status, body) = call(&server, "GET", "/healthz", None, vec![]).await;
+    let (tenancy, _dir) = tenancy("health");
+    let (status, body) = call(&tenancy, "GET", "/healthz", None, vec![]).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
         serde_json::from_value::<Health>(body).unwrap(),
         Health::Starting
     );
-    server.start().await;
-    let (status, body) = call(&server, "GET", "/healthz", None, vec![]).await;
+    tenancy.start().await;
+    let (status, body) = call(&tenancy, "GET", "/healthz", None, vec![]).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         serde_json::from_value::<Health>(body).unwrap(),
@@ -116,7 +116,7 @@ async fn health_is_503_starting_until_the_server_has_started() {
 
 #[tokio::test]
 async fn an_unknown_agent_or_route_is_404() {
-    let (server, _dir) = server("not-found");
+    let (tenancy, _dir) = tenancy("not-found");
     for (method, path) in [
         ("GET", "/v1/agents/agent_missing"),
         ("POST", "/v1/agents/agent_missing/rollback"),
@@ -124,7 +124,7 @@ async fn an_unknown_agent_or_route_is_404() {
         ("DELETE", "/v1/agents/agent_missing/versions/1"),
         ("GET", "/v1/nothing-here"),
     ] {
-        let (status, body) = call(&server, method, path, Some(ACME), vec![]).await;
+        let (status, body) = call(&tenancy, method, path, Some(ACME), vec![]).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}");
         assert_eq!(code(&body), "not_found", "{method} {path}");
     }
@@ -132,7 +132,7 @@ async fn an_unknown_agent_or_route_is_404() {
 
 #[tokio::test]
 async fn bodies_that_are_not_what_a_route_takes_are_400_with_the_reason() {
-    let (server, _dir) = server("bad-request");
+    let (tenancy, _dir) = tenancy("bad-request");
     let cases: [(&str, &str, &[u8], &str); 6] = [
         (
             "PUT",
@@ -167,12 +167,12 @@ async fn bodies_that_are_not_what_a_route_takes_are_400_with_the_reason() {
         ),
     ];
     for (method, path, body, expected) in cases {
-        let (status, answer) = call(&server, method, path, Some(ACME), body.to_vec()).await;
+        let (status, answer) = call(&tenancy, method, path, Some(ACME), body.to_vec()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {path} {answer}");
         assert_eq!(code(&answer), expected, "{method} {path}");
     }
     let (status, answer) = call(
-        &server,
+        &tenancy,
         "DELETE",
         "/v1/agents/agent_a/versions/x",
         Some(ACME),
@@ -187,10 +187,10 @@ async fn bodies_that_are_not_what_a_route_takes_are_400_with_the_reason() {
 
 #[tokio::test]
 async fn a_core_module_is_refused_as_one() {
-    let (server, _dir) = server("core-module");
+    let (tenancy, _dir) = tenancy("core-module");
     let module = wat::parse_str("(module)").unwrap();
     let (status, answer) = call(
-        &server,
+        &tenancy,
         "POST",
         "/v1/agents/agent_a/versions",
         Some(ACME),
@@ -205,10 +205,10 @@ async fn a_core_module_is_refused_as_one() {
 
 #[tokio::test]
 async fn an_upload_answers_its_version_and_only_its_tenant_sees_the_agent() {
-    let (server, _dir) = server("upload");
+    let (tenancy, _dir) = tenancy("upload");
     let wasm = voicehost_test_programs::read("conformance");
     let (status, answer) = call(
-        &server,
+        &tenancy,
         "POST",
         "/v1/agents/agent_a/versions",
         Some(ACME),
@@ -220,26 +220,26 @@ async fn an_upload_answers_its_version_and_only_its_tenant_sees_the_agent() {
     assert_eq!((version.version, version.active), (1, false));
     assert!(version.digest.starts_with("sha256:"));
 
-    let (status, answer) = call(&server, "GET", "/v1/agents/agent_a", Some(ACME), vec![]).await;
+    let (status, answer) = call(&tenancy, "GET", "/v1/agents/agent_a", Some(ACME), vec![]).await;
     assert_eq!(status, StatusCode::OK);
     let agent: AgentView = serde_json::from_value(answer).unwrap();
     assert_eq!(agent.versions, vec![version]);
     assert_eq!(agent.active_version, None);
 
-    let (status, answer) = call(&server, "GET", "/v1/agents/agent_a", Some(GLOBEX), vec![]).await;
+    let (status, answer) = call(&tenancy, "GET", "/v1/agents/agent_a", Some(GLOBEX), vec![]).await;
     assert_eq!(
         (status, code(&answer).as_str()),
         (StatusCode::NOT_FOUND, "not_found")
     );
-    server.shutdown().await;
+    tenancy.shutdown().await;
 }
 
 #[tokio::test]
 async fn metrics_need_the_operators_token_and_a_tenant_sees_only_its_own() {
-    let (server, _dir) = server("metrics");
-    let (status, _) = call(&server, "GET", "/metrics", Some(ACME), vec![]).await;
+    let (tenancy, _dir) = tenancy("metrics");
+    let (status, _) = call(&tenancy, "GET", "/metrics", Some(ACME), vec![]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    let response = router(server.clone())
+    let response = router(tenancy.clone())
         .oneshot(
             Request::get("/metrics")
                 .header(header::AUTHORIZATION, format!("Bearer {OPERATOR}"))
@@ -253,7 +253,7 @@ async fn metrics_need_the_operators_token_and_a_tenant_sees_only_its_own() {
         response.headers()[header::CONTENT_TYPE],
         metrics::CONTENT_TYPE
     );
-    let (status, _) = call(&server, "GET", "/v1/metrics", Some(GLOBEX), vec![]).await;
+    let (status, _) = call(&tenancy, "GET", "/v1/metrics", Some(GLOBEX), vec![]).await;
     assert_eq!(status, StatusCode::OK);
 }
 

@@ -1,4 +1,4 @@
-//! What the multi-tenant tests share: `voicehost serve`'s server in-process, with its admin API on a loopback
+//! What the multi-tenant tests share: `voicehost serve` in-process, with its admin API on a loopback
 //! port, two tenants (acme and globex) whose agents connect to the Sent simulator, and a small HTTP client.
 
 use sentsim::sim::Account;
@@ -6,7 +6,7 @@ use sentsim::{ConnHandle, Sim, SimConfig};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
-use voicehost::tenancy::Server;
+use voicehost::tenancy::Tenancy;
 use voicehost::tenancy::{token_sha256, ServeConfig};
 
 pub const ACME_TOKEN: &str = "vh_acme_admin_token_do_not_leak";
@@ -14,10 +14,10 @@ pub const GLOBEX_TOKEN: &str = "vh_globex_admin_token_do_not_leak";
 pub const ACME_KEY: &str = "sk_acme_sent_key_do_not_leak";
 pub const GLOBEX_KEY: &str = "sk_globex_sent_key_do_not_leak";
 
-/// The simulator, and the server hosting acme and globex on it.
+/// The simulator, and the tenancy hosting acme and globex on it.
 pub struct Hosting {
     pub sim: Sim,
-    pub server: Arc<Server>,
+    pub tenancy: Arc<Tenancy>,
     /// The admin API's base URL.
     pub admin: String,
     pub dir: PathBuf,
@@ -75,7 +75,7 @@ impl Hosting {
     pub async fn reload(&self, tenants: &str) -> anyhow::Result<()> {
         write_config(&self.config, &self.sim.url(), "", tenants);
         let config = ServeConfig::read(&self.config)?;
-        self.server.reload(&config).await
+        self.tenancy.reload(&config).await
     }
 
     /// A `[[tenants]]` table for `id` with this admin token, its key in `<id>.key` of the data directory.
@@ -85,17 +85,17 @@ impl Hosting {
 
     async fn open(sim: Sim, dir: PathBuf, config: PathBuf) -> Hosting {
         let parsed = ServeConfig::read(&config).unwrap();
-        let server = Server::open(&parsed).unwrap();
+        let tenancy = Tenancy::open(&parsed).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = format!("http://{}", listener.local_addr().unwrap());
-        let router = voicehost::api::router(server.clone());
+        let router = voicehost::api::router(tenancy.clone());
         let api = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
-        server.start().await;
+        tenancy.start().await;
         Hosting {
             sim,
-            server,
+            tenancy,
             admin,
             dir,
             config,
@@ -103,9 +103,9 @@ impl Hosting {
         }
     }
 
-    /// Stops the server and opens a new one on the same data directory and config, as a restart does.
+    /// Stops the host and opens a new one on the same data directory and config, as a restart does.
     pub async fn restart(self) -> Hosting {
-        self.server.shutdown().await;
+        self.tenancy.shutdown().await;
         self.api.abort();
         Hosting::open(self.sim, self.dir, self.config).await
     }
@@ -166,7 +166,7 @@ impl Hosting {
             violations.is_empty(),
             "the host broke protocol rules: {violations:#?}"
         );
-        self.server.shutdown().await;
+        self.tenancy.shutdown().await;
         self.api.abort();
         self.sim.shutdown();
         let _ = std::fs::remove_dir_all(&self.dir);

@@ -64,8 +64,9 @@ pub enum AgentStatus {
 /// Each tenant by id, with the cap on its calls.
 type Tenants = BTreeMap<String, (Arc<Tenant>, Arc<Gate>)>;
 
-/// The multi-tenant host.
-pub struct Server {
+/// The multi-tenant host of `voicehost serve`: the tenants (from the config), the registry of their agents,
+/// the agents being served, and the compiling of uploads.
+pub struct Tenancy {
     sandbox: Sandbox,
     sent_url: String,
     connections: usize,
@@ -84,9 +85,9 @@ pub struct Server {
     pub cache_loads: Counter,
 }
 
-impl Server {
-    /// Opens the data directory and reads every tenant's key. Serves nothing until [`Server::start`].
-    pub fn open(config: &ServeConfig) -> anyhow::Result<Arc<Server>> {
+impl Tenancy {
+    /// Opens the data directory and reads every tenant's key. Serves nothing until [`Tenancy::start`].
+    pub fn open(config: &ServeConfig) -> anyhow::Result<Arc<Tenancy>> {
         let tenants = config
             .tenants()?
             .into_iter()
@@ -99,7 +100,7 @@ impl Server {
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", config.data_dir.display()))?;
         let registry = Registry::open(Box::new(store))?;
         let sandbox = Sandbox::new()?.with_cache(config.data_dir.join("compiled"));
-        Ok(Arc::new(Server {
+        Ok(Arc::new(Tenancy {
             metrics_token: RwLock::new(config.metrics_token()?),
             sandbox,
             sent_url: config.sent_url.clone(),
@@ -115,7 +116,7 @@ impl Server {
     }
 
     /// Serves every active version in the registry; then the server is ready.
-    pub async fn start(self: &Arc<Server>) {
+    pub async fn start(self: &Arc<Tenancy>) {
         let started = Instant::now();
         let registry = self.registry.lock().await;
         self.serve_active(&registry).await;
@@ -131,7 +132,7 @@ impl Server {
     }
 
     /// Serves the active versions of the config's tenants that are not served yet.
-    async fn serve_active(self: &Arc<Server>, registry: &Registry) {
+    async fn serve_active(self: &Arc<Tenancy>, registry: &Registry) {
         let mut active = registry.active();
         // Smallest first: one large component compiling after a cache loss does not hold up every other
         // agent (each starts serving as soon as it is loaded).
@@ -168,7 +169,7 @@ impl Server {
     /// tenant whose Sent key changed reconnects its agents with the new key; new limits and HTTP policies
     /// apply to new calls. A config that does not load changes nothing. The data directory, the admin
     /// listener, the Sent URL and the connections per agent need a restart.
-    pub async fn reload(self: &Arc<Server>, config: &ServeConfig) -> anyhow::Result<()> {
+    pub async fn reload(self: &Arc<Tenancy>, config: &ServeConfig) -> anyhow::Result<()> {
         let fresh = config.tenants()?;
         let metrics_token = config.metrics_token()?;
         // No admin change in between.
@@ -243,7 +244,7 @@ impl Server {
         Ok(())
     }
 
-    /// Whether [`Server::start`] has finished (`/healthz` answers 200 from then on).
+    /// Whether [`Tenancy::start`] has finished (`/healthz` answers 200 from then on).
     pub fn ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
@@ -287,7 +288,7 @@ impl Server {
     /// Validates and compiles `wasm` on this host, then keeps it as the agent's next version; nothing is
     /// stored when it cannot serve as an agent.
     pub async fn upload(
-        self: &Arc<Server>,
+        self: &Arc<Tenancy>,
         tenant: &str,
         agent: &str,
         wasm: bytes::Bytes,
@@ -328,7 +329,7 @@ impl Server {
 
     /// New calls get `version`; live calls finish on theirs.
     pub async fn activate(
-        self: &Arc<Server>,
+        self: &Arc<Tenancy>,
         tenant: &str,
         agent: &str,
         version: u32,
@@ -341,7 +342,7 @@ impl Server {
 
     /// Goes back to the version active before the current one.
     pub async fn rollback(
-        self: &Arc<Server>,
+        self: &Arc<Tenancy>,
         tenant: &str,
         agent: &str,
     ) -> Result<AgentRecord, ServeError> {
@@ -366,7 +367,7 @@ impl Server {
 
     /// The agent's failure policy, for its calls from now on.
     pub async fn set_policy(
-        self: &Arc<Server>,
+        self: &Arc<Tenancy>,
         tenant: &str,
         agent: &str,
         policy: FailurePolicy,
@@ -477,7 +478,7 @@ impl Server {
     }
 
     async fn activate_locked(
-        self: &Arc<Server>,
+        self: &Arc<Tenancy>,
         registry: &mut Registry,
         tenant: &str,
         agent: &str,
@@ -560,7 +561,7 @@ impl Server {
     }
 
     /// Makes `deployment` what the agent's new calls get, connecting the agent first if needed.
-    fn serve(self: &Arc<Server>, tenant: &str, agent: &str, deployment: Deployment) {
+    fn serve(self: &Arc<Tenancy>, tenant: &str, agent: &str, deployment: Deployment) {
         let deployment = Arc::new(deployment);
         let mut running = self.running();
         if let Some(current) = running.get(&key(tenant, agent)) {
