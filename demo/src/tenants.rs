@@ -143,9 +143,9 @@ async fn tour(dir: &Path) -> Result<()> {
     );
 
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let metrics = voicehost::api::metrics::render(
+    let metrics = voicehost::api::render_metrics(
         &hosted.tenancy.stats(),
-        Some(voicehost::api::metrics::HostCounts {
+        Some(voicehost::api::HostCounts {
             compilations: &hosted.tenancy.compilations,
             cache_loads: &hosted.tenancy.cache_loads,
         }),

@@ -5,20 +5,20 @@
 //! out what it asks while still holding the lock (queueing on a connection never waits), so that what the
 //! router decided reaches the sockets in the order it decided it.
 
-pub mod admission;
+mod admission;
 mod backoff;
 pub mod connection;
-pub mod router;
+pub(crate) mod router;
 mod session;
 
 pub use crate::call::FailurePolicy;
+pub use admission::{Admission, Gate};
 pub use connection::{ApiKey, ConnectError, Dial};
 pub use session::CallRules;
 
 use crate::call::{CallKey, ConnId, Output, Refused, ToolAnswer};
 use crate::sandbox::AgentCode;
 use crate::stats::Stats;
-use admission::Admission;
 use connection::{Event, Outbox, EVENTS_BOUND};
 use router::{Router, RouterConfig};
 use std::collections::HashMap;

@@ -6,7 +6,7 @@
 //! [`views`]' types.
 
 mod doc;
-pub mod metrics;
+mod metrics;
 #[cfg(test)]
 mod tests;
 pub mod views;
@@ -14,8 +14,7 @@ pub mod views;
 use crate::call::FailurePolicy;
 use crate::sandbox::wit::{self, Direction, Media};
 use crate::sandbox::LoadError;
-use crate::tenancy::registry::{AgentRecord, RegistryError, VersionRecord};
-use crate::tenancy::{AgentStatus, ServeError, Tenancy};
+use crate::tenancy::{AgentRecord, AgentStatus, RegistryError, ServeError, Tenancy, VersionRecord};
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::{header, request::Parts, StatusCode};
@@ -23,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use doc::{AgentPath, VersionPath};
 use http_body_util::BodyExt as _;
-use metrics::HostCounts;
+pub use metrics::{render as render_metrics, HostCounts, CONTENT_TYPE as METRICS_CONTENT_TYPE};
 use std::sync::Arc;
 use utoipa::OpenApi as _;
 use utoipa_axum::{router::OpenApiRouter, routes};

@@ -6,7 +6,7 @@ use crate::api::views::{
     ActivateRequest, AgentList, AgentView, ErrorBody, PartyView, SessionList, VersionView,
 };
 use crate::call::FailurePolicy;
-use crate::tenancy::config::token_sha256;
+use crate::tenancy::{token_sha256, valid_agent_id, AGENT_ID_RULE};
 use anyhow::{anyhow, bail, Context as _, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
@@ -157,13 +157,13 @@ pub fn token(command: TokenCommand) -> Result<()> {
 // ---------------------------------------------------------------------------------------------------
 // Arguments
 
-/// An agent id as the API takes it (the config's rule, [`crate::tenancy::config::valid_agent_id`]; safe in a
+/// An agent id as the API takes it (the config's rule, [`crate::tenancy::valid_agent_id`]; safe in a
 /// URL path as it is).
 fn agent_id(text: &str) -> Result<String, String> {
-    if crate::tenancy::config::valid_agent_id(text) {
+    if valid_agent_id(text) {
         Ok(text.to_string())
     } else {
-        Err(crate::tenancy::config::AGENT_ID_RULE.into())
+        Err(AGENT_ID_RULE.into())
     }
 }
 

@@ -1,7 +1,7 @@
 //! `voicehost.toml`: where the host keeps its data, where the admin API listens, where Sent is, the tenants
 //! and their limits. Every table refuses unknown keys, so a typo is an error at start, not a silent default.
 
-use crate::agent::connection::ApiKey;
+use crate::agent::ApiKey;
 use crate::sandbox::limits::{self, ResolvedLimits};
 use crate::sandbox::outbound::{HttpPolicy, Origin};
 use serde::Deserialize;

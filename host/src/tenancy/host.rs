@@ -3,13 +3,11 @@
 //! admin API activates, rolls back, or deletes versions. Registry changes happen one at a time, under one
 //! lock; serving calls never takes it.
 
-use crate::agent::admission::{Admission, Gate};
-use crate::agent::connection::Dial;
-use crate::agent::{AgentConfig, CallRules, Deployment, FailurePolicy};
+use super::config::{ServeConfig, Tenant, TokenHash};
+use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
+use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
 use crate::content::Digest;
 use crate::sandbox::{Limits, LoadError, Sandbox};
-use crate::tenancy::config::{ServeConfig, Tenant, TokenHash};
-use crate::tenancy::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 
 use crate::stats::{Counter, LiveSession, Stats};
 use std::collections::BTreeMap;
@@ -630,13 +628,13 @@ fn key(tenant: &str, agent: &str) -> (String, String) {
 }
 
 fn check_agent_id(agent: &str) -> Result<(), ServeError> {
-    if crate::tenancy::config::valid_agent_id(agent) {
+    if super::config::valid_agent_id(agent) {
         Ok(())
     } else {
         Err(ServeError::BadRequest(format!(
             "{:?}: {}",
             agent.chars().take(80).collect::<String>(),
-            crate::tenancy::config::AGENT_ID_RULE
+            super::config::AGENT_ID_RULE
         )))
     }
 }

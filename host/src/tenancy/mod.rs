@@ -2,9 +2,10 @@
 //! config file), [`registry`] (agents and versions, content-addressed on disk) and [`host`] (one served
 //! agent per active version: upload, activation, rollback, deletion, the failure policy).
 
-pub mod config;
-pub mod host;
-pub mod registry;
+mod config;
+mod host;
+mod registry;
 
-pub use config::{token_sha256, ServeConfig, Tenant};
+pub use config::{token_sha256, valid_agent_id, ServeConfig, Tenant, AGENT_ID_RULE};
 pub use host::{AgentStatus, ServeError, Tenancy};
+pub use registry::{AgentRecord, RegistryError, VersionRecord};

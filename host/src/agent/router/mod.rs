@@ -159,11 +159,13 @@ impl Router {
     }
 
     /// Connections open and ready, draining ones included.
+    #[cfg(test)]
     pub fn ready_connections(&self) -> usize {
         self.conns.values().filter(|c| !c.closing).count()
     }
 
     /// Calls the router holds (live, moving, detached, or finished and not yet heard by their guest).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn calls(&self) -> usize {
         self.calls.len()
     }
@@ -177,6 +179,7 @@ impl Router {
     }
 
     /// The call of a session, for tests.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn call(&self, session_id: &str) -> Option<&Call> {
         self.calls.get(self.sessions.get(session_id)?)
     }
