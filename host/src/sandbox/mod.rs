@@ -96,7 +96,7 @@ impl Default for Limits {
 }
 
 /// What a guest's imports reach: its call, on the host's side. The session implements it.
-pub trait Calls: Send + Sync + 'static {
+pub trait GuestImports: Send + Sync + 'static {
     /// The call the instance serves, as it started (the `info` import).
     fn info(&self) -> Call;
     /// Speaks `text` on a text call (the `say` import): an `agent.say` frame.
@@ -306,7 +306,7 @@ pub struct HostState {
     http: WasiHttpCtx,
     http_hooks: PolicyHooks,
     table: ResourceTable,
-    calls: Arc<dyn Calls>,
+    imports: Arc<dyn GuestImports>,
     /// The call's log, rate-limited: the `log` import and stdout/stderr share it.
     output: GuestOutput,
     memory_cap: usize,
@@ -362,7 +362,7 @@ impl types::Host for HostState {}
 
 impl session::Host for HostState {
     async fn info(&mut self) -> wasmtime::Result<Call> {
-        Ok(self.calls.info())
+        Ok(self.imports.info())
     }
 
     async fn say(
@@ -371,15 +371,15 @@ impl session::Host for HostState {
         last: Option<bool>,
         interruptible: Option<bool>,
     ) -> wasmtime::Result<Result<(), Refused>> {
-        Ok(self.calls.say(text, last, interruptible))
+        Ok(self.imports.say(text, last, interruptible))
     }
 
     async fn clear(&mut self) -> wasmtime::Result<Result<(), Refused>> {
-        Ok(self.calls.clear())
+        Ok(self.imports.clear())
     }
 
     async fn send_audio(&mut self, samples: Vec<i16>) -> wasmtime::Result<()> {
-        self.calls.send_audio(samples);
+        self.imports.send_audio(samples);
         Ok(())
     }
 
@@ -390,15 +390,15 @@ impl session::Host for HostState {
     ) -> wasmtime::Result<Result<ToolResult, Refused>> {
         // The guest is suspended while Sent answers: the epoch callback does not run, so the wait costs it
         // at most one tick of its CPU budget. The wall-clock bound of the whole call covers the wait.
-        Ok(self.calls.tool(name, arguments).await)
+        Ok(self.imports.tool(name, arguments).await)
     }
 
     async fn save(&mut self, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), Refused>> {
-        Ok(self.calls.save(key, value))
+        Ok(self.imports.save(key, value))
     }
 
     async fn load(&mut self, key: String) -> wasmtime::Result<Option<Vec<u8>>> {
-        Ok(self.calls.load(&key))
+        Ok(self.imports.load(&key))
     }
 }
 
@@ -529,7 +529,7 @@ pub enum Outcome {
 /// The instance serving one call. After a trap it is rebuilt from the same `InstancePre` on the next call.
 pub struct Instance {
     code: AgentCode,
-    calls: Arc<dyn Calls>,
+    imports: Arc<dyn GuestImports>,
     limits: Limits,
     live: Option<(Store<HostState>, bindings::Agent)>,
     /// Guest output shared by every Store of this call, so a rebuilt instance keeps the rate limit.
@@ -538,11 +538,15 @@ pub struct Instance {
 
 impl Instance {
     /// Instantiates the agent for one call.
-    pub async fn new(code: &AgentCode, calls: Arc<dyn Calls>, limits: Limits) -> Result<Instance> {
-        let output = GuestOutput::new(calls.clone(), limits.log_lines_per_second);
+    pub async fn new(
+        code: &AgentCode,
+        imports: Arc<dyn GuestImports>,
+        limits: Limits,
+    ) -> Result<Instance> {
+        let output = GuestOutput::new(imports.clone(), limits.log_lines_per_second);
         let mut instance = Instance {
             code: code.clone(),
-            calls,
+            imports,
             limits,
             live: None,
             output,
@@ -555,19 +559,19 @@ impl Instance {
     fn instantiate(
         &self,
     ) -> impl Future<Output = Result<(Store<HostState>, bindings::Agent)>> + Send + 'static {
-        let (code, calls, limits, output) = (
+        let (code, imports, limits, output) = (
             self.code.clone(),
-            self.calls.clone(),
+            self.imports.clone(),
             self.limits.clone(),
             self.output.clone(),
         );
-        async move { instantiate(&code, calls, &limits, output).await }
+        async move { instantiate(&code, imports, &limits, output).await }
     }
 }
 
 async fn instantiate(
     code: &AgentCode,
-    calls: Arc<dyn Calls>,
+    imports: Arc<dyn GuestImports>,
     limits: &Limits,
     output: GuestOutput,
 ) -> Result<(Store<HostState>, bindings::Agent)> {
@@ -579,9 +583,9 @@ async fn instantiate(
         let state = HostState {
             wasi,
             http: WasiHttpCtx::new(),
-            http_hooks: PolicyHooks::new(limits.http.clone(), calls.info().session_id),
+            http_hooks: PolicyHooks::new(limits.http.clone(), imports.info().session_id),
             table: ResourceTable::new(),
-            calls,
+            imports,
             output,
             memory_cap: limits.memory_bytes,
             memory_hit: false,
@@ -697,7 +701,7 @@ struct GuestOutput {
 }
 
 struct OutputShared {
-    calls: Arc<dyn Calls>,
+    imports: Arc<dyn GuestImports>,
     per_second: u32,
     state: Mutex<OutputState>,
     warned: AtomicBool,
@@ -710,10 +714,10 @@ struct OutputState {
 }
 
 impl GuestOutput {
-    fn new(calls: Arc<dyn Calls>, per_second: u32) -> GuestOutput {
+    fn new(imports: Arc<dyn GuestImports>, per_second: u32) -> GuestOutput {
         GuestOutput {
             shared: Arc::new(OutputShared {
-                calls,
+                imports,
                 per_second,
                 state: Mutex::new(OutputState {
                     line: Vec::new(),
@@ -770,12 +774,12 @@ impl OutputShared {
         }
         state.lines += 1;
         if state.lines <= self.per_second {
-            self.calls.log(level, line);
+            self.imports.log(level, line);
             return;
         }
-        self.calls.log_dropped();
+        self.imports.log_dropped();
         if !self.warned.swap(true, Ordering::Relaxed) {
-            self.calls
+            self.imports
                 .log(Level::Warn, "guest log over its rate limit: dropping lines");
         }
     }
