@@ -36,7 +36,7 @@ use voicehost::agent::{self, AgentConfig};
 use voicehost::sandbox::wit::{
     Call, Direction, Level, Media, Party, Refused, ToolResult, UserSaid,
 };
-use voicehost::sandbox::{AgentCode, Calls, Event, Instance, Limits, Outcome, Sandbox};
+use voicehost::sandbox::{AgentCode, Event, GuestImports, Instance, Limits, Outcome, Sandbox};
 use voicehost::stats::Stats;
 
 /// Instantiations measured (each timed alone).
@@ -206,7 +206,7 @@ struct Quiet {
 }
 
 impl Quiet {
-    fn calls() -> Arc<dyn Calls> {
+    fn calls() -> Arc<dyn GuestImports> {
         let party = |kind: &str, value: &str| Party {
             kind: kind.into(),
             value: Some(value.into()),
@@ -229,7 +229,7 @@ impl Quiet {
     }
 }
 
-impl Calls for Quiet {
+impl GuestImports for Quiet {
     fn info(&self) -> Call {
         self.call.clone()
     }

@@ -3,53 +3,18 @@
 
 use crate::sandbox::wit::Call;
 use crate::sandbox::{Event, TrapKind, HANDLERS};
+use prometheus_client::metrics::histogram::Histogram;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// One monotonically increasing count.
-#[derive(Default, Debug)]
-pub struct Counter(AtomicU64);
+/// One monotonically increasing count: prometheus-client's, read with `get` and encoded as it is.
+pub type Counter = prometheus_client::metrics::counter::Counter<u64, AtomicU64>;
 
-impl Counter {
-    /// Adds one.
-    pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Adds `n` at once.
-    pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// The count so far.
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// A value that goes up and down.
-#[derive(Default, Debug)]
-pub struct Gauge(AtomicI64);
-
-impl Gauge {
-    /// Adds one.
-    pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Takes one away.
-    pub fn dec(&self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// The value now.
-    pub fn get(&self) -> i64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
+/// A value that goes up and down: prometheus-client's.
+pub type Gauge = prometheus_client::metrics::gauge::Gauge<i64, AtomicI64>;
 
 /// The upper bounds of the latency histograms' buckets, in seconds: from 50 µs (an audio frame) to 5 s (a
 /// handler waiting on a tool or an HTTP call).
@@ -57,36 +22,14 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0,
 ];
 
-/// A latency histogram with fixed buckets, lock-free to observe (cumulative when rendered).
-#[derive(Default, Debug)]
-pub struct Histogram {
-    /// Observations per bucket (not cumulative); the last one is above every bound.
-    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
-    sum_nanos: AtomicU64,
-}
+/// How long each handler took, in seconds: one of prometheus-client's histograms per handler, in the order
+/// of [`HANDLERS`], with the bounds of [`LATENCY_BUCKETS`] (and `+Inf`).
+#[derive(Debug)]
+pub struct HandlerLatency(pub [Histogram; HANDLERS.len()]);
 
-impl Histogram {
-    /// Counts `took` in the first bucket whose bound holds it (the last when none does), and adds it to the
-    /// sum.
-    pub fn observe(&self, took: Duration) {
-        let seconds = took.as_secs_f64();
-        let at = LATENCY_BUCKETS
-            .iter()
-            .position(|&bound| seconds <= bound)
-            .unwrap_or(LATENCY_BUCKETS.len());
-        self.buckets[at].fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos
-            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
-    }
-
-    /// Observations in each bucket (not cumulative), the last above every bound.
-    pub fn counts(&self) -> [u64; LATENCY_BUCKETS.len() + 1] {
-        std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed))
-    }
-
-    /// The sum of every observation, in seconds.
-    pub fn sum_seconds(&self) -> f64 {
-        self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
+impl Default for HandlerLatency {
+    fn default() -> Self {
+        HandlerLatency(std::array::from_fn(|_| Histogram::new(LATENCY_BUCKETS)))
     }
 }
 
@@ -147,7 +90,7 @@ pub struct Stats {
     /// Calls over a session cap: given the failure policy at once, never a guest.
     pub sessions_refused: Counter,
     /// Handler latency by handler, in the order of [`HANDLERS`].
-    pub handlers: [Histogram; HANDLERS.len()],
+    pub handlers: HandlerLatency,
     live: Mutex<BTreeMap<String, LiveSession>>,
 }
 
@@ -159,12 +102,17 @@ impl Stats {
 
     /// Traps of this kind contained so far.
     pub fn trapped(&self, kind: TrapKind) -> u64 {
-        self.traps[kind.index()].get()
+        self.trap_counter(kind).get()
+    }
+
+    /// The counter of contained traps of this kind.
+    pub fn trap_counter(&self, kind: TrapKind) -> &Counter {
+        &self.traps[kind.index()]
     }
 
     /// Records how long the handler for `event` took, in that handler's histogram.
     pub fn handled(&self, event: &Event, took: Duration) {
-        self.handlers[event.handler()].observe(took);
+        self.handlers.0[event.handler()].observe(took.as_secs_f64());
     }
 
     /// A call starts being served.
@@ -232,28 +180,5 @@ impl fmt::Display for Stats {
         writeln!(f, "restarts            {}", self.restarts.get())?;
         writeln!(f, "over a session cap  {}", self.sessions_refused.get())?;
         write!(f, "failure policies    {}", self.policies_applied.get())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_histogram_counts_each_observation_in_the_first_bucket_that_holds_it() {
-        let histogram = Histogram::default();
-        histogram.observe(Duration::from_micros(30));
-        histogram.observe(Duration::from_micros(100));
-        histogram.observe(Duration::from_secs(9));
-        let counts = histogram.counts();
-        assert_eq!(counts[0], 1, "30 µs is under 50 µs");
-        assert_eq!(counts[1], 1, "100 µs is at the 100 µs bound");
-        assert_eq!(counts[2..LATENCY_BUCKETS.len()].iter().sum::<u64>(), 0);
-        assert_eq!(
-            counts[LATENCY_BUCKETS.len()],
-            1,
-            "9 s only above every bound"
-        );
-        assert!((histogram.sum_seconds() - 9.00013).abs() < 1e-9);
     }
 }

@@ -230,7 +230,7 @@ impl Agent {
                 } => {
                     if let Some(outbox) = shared.outboxes.get(&conn) {
                         let dropped = outbox.audio(key, message, backlog);
-                        self.stats.audio_out_dropped.add(dropped as u64);
+                        self.stats.audio_out_dropped.inc_by(dropped as u64);
                     }
                 }
                 Output::Retract { conn, key } => {

@@ -9,7 +9,7 @@ use crate::call::{CallKey, CallLimits, GuestEvent, Media, Refused, ToolAnswer};
 use crate::protocol::{frames, Frame};
 use crate::sandbox::limits;
 use crate::sandbox::wit::{self, Call as CallInfo, Direction, Level, Party};
-use crate::sandbox::{Calls, Event, Instance, Limits, Outcome, TrapKind};
+use crate::sandbox::{Event, GuestImports, Instance, Limits, Outcome, TrapKind};
 use crate::stats::{LiveSession, Stats};
 use sentdm_voice_agents::frames::{AgentClear, AgentSay, SessionStart};
 use serde_json::{Map, Value};
@@ -76,7 +76,7 @@ impl Port {
     }
 }
 
-impl Calls for Port {
+impl GuestImports for Port {
     fn info(&self) -> CallInfo {
         self.info.clone()
     }
@@ -346,7 +346,7 @@ pub(super) async fn run(
         session_id: session_id.clone(),
         _permit: permit,
     };
-    let port: Arc<dyn Calls> = Arc::new(Port {
+    let port: Arc<dyn GuestImports> = Arc::new(Port {
         agent,
         key,
         info,

@@ -3,10 +3,9 @@
 //! key, a token, a caller's number or what was said.
 
 use crate::sandbox::{TrapKind, HANDLERS};
-use crate::stats::{Counter, Stats, LATENCY_BUCKETS};
+use crate::stats::{Counter, Stats};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
-use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
@@ -23,120 +22,117 @@ pub struct HostCounts<'a> {
     pub cache_loads: &'a Counter,
 }
 
-/// A series of each agent: its name (a counter's without `_total`, which the encoder adds), its help, its
-/// type, how to read it.
-type AgentSeries = (&'static str, &'static str, MetricType, fn(&Stats) -> u64);
+/// A series of each agent: its name (a counter's without `_total`, which the encoder adds), its help, how to
+/// read it.
+type AgentSeries = (&'static str, &'static str, Read);
 
-const C: MetricType = MetricType::Counter;
+/// How a series is read from an agent's [`Stats`].
+#[derive(Clone, Copy)]
+enum Read {
+    /// A counter the agent keeps, encoded as it is.
+    Counter(fn(&Stats) -> &Counter),
+    /// A value read at the scrape, encoded as a gauge.
+    Gauge(fn(&Stats) -> i64),
+}
+
+use Read::{Counter as C, Gauge as G};
 
 const SERIES: [AgentSeries; 20] = [
     (
         "sessions_started",
         "Calls Sent started with the agent.",
-        C,
-        |s| s.sessions_started.get(),
+        C(|s| &s.sessions_started),
     ),
     (
         "sessions_ended",
         "Calls that ended with session.end.",
-        C,
-        |s| s.sessions_ended.get(),
+        C(|s| &s.sessions_ended),
     ),
     (
         "sessions_lost",
         "Calls lost: no resume was possible.",
-        C,
-        |s| s.sessions_lost.get(),
+        C(|s| &s.sessions_lost),
     ),
     (
         "sessions_refused",
         "Calls over a session cap, given the failure policy at once.",
-        C,
-        |s| s.sessions_refused.get(),
+        C(|s| &s.sessions_refused),
     ),
-    ("restarts", "Fresh instances after a trap.", C, |s| {
-        s.restarts.get()
-    }),
+    (
+        "restarts",
+        "Fresh instances after a trap.",
+        C(|s| &s.restarts),
+    ),
     (
         "handler_errors",
         "Handlers that returned an error.",
-        C,
-        |s| s.handler_errors.get(),
+        C(|s| &s.handler_errors),
     ),
     (
         "failure_policies",
         "Failure policies applied (repeated traps, over a cap, no instance, or behind Sent).",
-        C,
-        |s| s.policies_applied.get(),
+        C(|s| &s.policies_applied),
     ),
     (
         "frames_in",
         "Counted text frames read from Sent for the agent's calls.",
-        C,
-        |s| s.frames_in.get(),
+        C(|s| &s.frames_in),
     ),
-    ("frames_out", "Text frames sessions sent to Sent.", C, |s| {
-        s.frames_out.get()
-    }),
-    ("audio_in", "Audio messages from Sent.", C, |s| {
-        s.audio_in.get()
-    }),
-    ("audio_out", "Audio messages sent to Sent.", C, |s| {
-        s.audio_out.get()
-    }),
+    (
+        "frames_out",
+        "Text frames sessions sent to Sent.",
+        C(|s| &s.frames_out),
+    ),
+    ("audio_in", "Audio messages from Sent.", C(|s| &s.audio_in)),
+    (
+        "audio_out",
+        "Audio messages sent to Sent.",
+        C(|s| &s.audio_out),
+    ),
     (
         "audio_dropped",
         "Caller audio dropped: the agent was behind, or the call ended with audio queued.",
-        C,
-        |s| s.audio_dropped.get(),
+        C(|s| &s.audio_dropped),
     ),
     (
         "audio_out_dropped",
         "The agent's audio dropped: over its backlog, after the end, or while moving.",
-        C,
-        |s| s.audio_out_dropped.get(),
+        C(|s| &s.audio_out_dropped),
     ),
     (
         "frames_invalid",
         "Messages from Sent dropped as invalid, or ignored as repeated.",
-        C,
-        |s| s.frames_invalid.get(),
+        C(|s| &s.frames_invalid),
     ),
     (
         "frames_dropped",
         "Frames from Sent a guest could not keep up with (its call got the failure policy).",
-        C,
-        |s| s.frames_dropped.get(),
+        C(|s| &s.frames_dropped),
     ),
     (
         "resumes",
         "Sessions resumed on another connection.",
-        C,
-        |s| s.resumes.get(),
+        C(|s| &s.resumes),
     ),
     (
         "guest_log_dropped",
         "Guest log lines over the rate limit, dropped.",
-        C,
-        |s| s.log_dropped.get(),
+        C(|s| &s.log_dropped),
     ),
     (
         "connections_opened",
         "Connections to Sent opened.",
-        C,
-        |s| s.connections_opened.get(),
+        C(|s| &s.connections_opened),
     ),
     (
         "sessions_live",
         "Calls being served now.",
-        MetricType::Gauge,
-        |s| s.live_count() as u64,
+        G(|s| s.live_count() as i64),
     ),
     (
         "connections_open",
         "Connections to Sent open now.",
-        MetricType::Gauge,
-        |s| s.connections_open.get().max(0) as u64,
+        G(|s| s.connections_open.get().max(0)),
     ),
 ];
 
@@ -148,8 +144,8 @@ pub fn render(agents: &[(String, String, Arc<Stats>)], host: Option<HostCounts<'
     if let Some(host) = host {
         registry.register_collector(Box::new(Host {
             agents_served: agents.len() as u64,
-            compilations: host.compilations.get(),
-            cache_loads: host.cache_loads.get(),
+            compilations: host.compilations.clone(),
+            cache_loads: host.cache_loads.clone(),
         }));
     }
     let mut out = String::new();
@@ -164,19 +160,27 @@ struct Agents(Vec<(String, String, Arc<Stats>)>);
 
 impl Collector for Agents {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
-        for (name, help, kind, value) in SERIES {
-            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+        for (name, help, read) in SERIES {
+            let metric_type = match read {
+                Read::Counter(_) => MetricType::Counter,
+                Read::Gauge(_) => MetricType::Gauge,
+            };
+            let mut family = encoder.encode_descriptor(name, help, None, metric_type)?;
             for (tenant, agent, stats) in &self.0 {
                 let labels = [("tenant", tenant.as_str()), ("agent", agent.as_str())];
                 let sample = family.encode_family(&labels)?;
-                match kind {
-                    MetricType::Gauge => ConstGauge::new(value(stats) as i64).encode(sample)?,
-                    _ => ConstCounter::new(value(stats)).encode(sample)?,
+                match read {
+                    Read::Counter(counter) => counter(stats).encode(sample)?,
+                    Read::Gauge(value) => ConstGauge::new(value(stats)).encode(sample)?,
                 }
             }
         }
-        let mut family =
-            encoder.encode_descriptor("traps", "Traps contained, by kind.", None, C)?;
+        let mut family = encoder.encode_descriptor(
+            "traps",
+            "Traps contained, by kind.",
+            None,
+            MetricType::Counter,
+        )?;
         for (tenant, agent, stats) in &self.0 {
             for kind in TrapKind::ALL {
                 let labels = [
@@ -184,7 +188,9 @@ impl Collector for Agents {
                     ("agent", agent.as_str()),
                     ("kind", kind.as_str()),
                 ];
-                ConstCounter::new(stats.trapped(kind)).encode(family.encode_family(&labels)?)?;
+                stats
+                    .trap_counter(kind)
+                    .encode(family.encode_family(&labels)?)?;
             }
         }
         let mut family = encoder.encode_descriptor(
@@ -194,28 +200,14 @@ impl Collector for Agents {
             MetricType::Histogram,
         )?;
         for (tenant, agent, stats) in &self.0 {
-            for (handler, histogram) in HANDLERS.iter().zip(&stats.handlers) {
+            for (handler, histogram) in HANDLERS.iter().zip(&stats.handlers.0) {
                 let labels = [
                     ("tenant", tenant.as_str()),
                     ("agent", agent.as_str()),
                     ("handler", handler),
                 ];
-                let counts = histogram.counts();
-                // The last count is above every bound: the encoder writes f64::MAX as +Inf.
-                let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
-                    .iter()
-                    .copied()
-                    .chain([f64::MAX])
-                    .zip(counts.iter().copied())
-                    .collect();
-                family
-                    .encode_family(&labels)?
-                    .encode_histogram::<[(&str, &str); 0]>(
-                        histogram.sum_seconds(),
-                        counts.iter().sum(),
-                        &buckets,
-                        None,
-                    )?;
+                // The encoder writes the `le` label before the family's, and the last bucket as `+Inf`.
+                histogram.encode(family.encode_family(&labels)?)?;
             }
         }
         Ok(())
@@ -226,8 +218,8 @@ impl Collector for Agents {
 #[derive(Debug)]
 struct Host {
     agents_served: u64,
-    compilations: u64,
-    cache_loads: u64,
+    compilations: Counter,
+    cache_loads: Counter,
 }
 
 impl Collector for Host {
@@ -239,19 +231,24 @@ impl Collector for Host {
             None,
             gauge.metric_type(),
         )?)?;
-        for (name, help, value) in [
+        for (name, help, counter) in [
             (
                 "compilations",
                 "Components compiled by this process.",
-                self.compilations,
+                &self.compilations,
             ),
             (
                 "compiled_cache_loads",
                 "Components loaded from the compiled cache instead.",
-                self.cache_loads,
+                &self.cache_loads,
             ),
         ] {
-            ConstCounter::new(value).encode(encoder.encode_descriptor(name, help, None, C)?)?;
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
         }
         Ok(())
     }
@@ -267,8 +264,8 @@ mod tests {
         let stats = Arc::new(Stats::default());
         stats.sessions_started.inc();
         stats.trap(TrapKind::CpuDeadline);
-        stats.handlers[1].observe(Duration::from_micros(700));
-        stats.handlers[1].observe(Duration::from_secs(9));
+        stats.handlers.0[1].observe(Duration::from_micros(700).as_secs_f64());
+        stats.handlers.0[1].observe(Duration::from_secs(9).as_secs_f64());
         let counts = (Counter::default(), Counter::default());
         counts.0.inc();
         let text = render(
@@ -283,6 +280,8 @@ mod tests {
             "voicehost_sessions_live{tenant=\"acme\",agent=\"agent_a\"} 0",
             "voicehost_traps_total{tenant=\"acme\",agent=\"agent_a\",kind=\"cpu_deadline\"} 1",
             "voicehost_handler_duration_seconds_bucket{le=\"0.001\",tenant=\"acme\",agent=\"agent_a\",handler=\"on-user-said\"} 1",
+            // 9 s is above every bound: in +Inf only, not in the 5 s bucket.
+            "voicehost_handler_duration_seconds_bucket{le=\"5.0\",tenant=\"acme\",agent=\"agent_a\",handler=\"on-user-said\"} 1",
             "voicehost_handler_duration_seconds_bucket{le=\"+Inf\",tenant=\"acme\",agent=\"agent_a\",handler=\"on-user-said\"} 2",
             "voicehost_handler_duration_seconds_count{tenant=\"acme\",agent=\"agent_a\",handler=\"on-user-said\"} 2",
             "voicehost_compilations_total 1",
@@ -291,6 +290,13 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line}\nnot in\n{text}");
         }
+        let sum = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("voicehost_handler_duration_seconds_sum{tenant=\"acme\",agent=\"agent_a\",handler=\"on-user-said\"} ")
+            })
+            .expect(&text);
+        assert!((sum.parse::<f64>().unwrap() - 9.0007).abs() < 1e-9, "{sum}");
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let (name, value) = line.rsplit_once(' ').expect(line);
             assert!(value.parse::<f64>().is_ok(), "{line}");

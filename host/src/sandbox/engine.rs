@@ -1,0 +1,184 @@
+//! The engine all agents share, with the host's imports linked, and compiling: a component checked against
+//! the `agent` world, pre-linked, and kept compiled in the cache.
+
+use super::imports::HostState;
+use super::{bindings, limits, TICK};
+use crate::content::{write_atomically, Digest};
+use anyhow::Result;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+/// The engine all agents share, with the epoch ticker that drives CPU deadlines.
+#[derive(Clone)]
+pub struct Sandbox {
+    engine: Engine,
+    linker: Arc<Linker<HostState>>,
+    /// Where compiled components are kept, by content hash, when set.
+    cache: Option<PathBuf>,
+}
+
+impl Sandbox {
+    /// A new engine (pooling allocator, epoch interruption) with the host's imports linked, and its epoch
+    /// ticker thread; no cache.
+    pub fn new() -> Result<Sandbox> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(1000);
+        pool.total_core_instances(10_000);
+        pool.total_memories(2000);
+        pool.total_tables(4000);
+        pool.total_stacks(1000);
+        pool.max_core_instances_per_component(64);
+        pool.max_memories_per_component(16);
+        pool.max_tables_per_component(32);
+        pool.max_memory_size((limits::MAX_MEMORY_MIB as usize) << 20);
+        pool.max_component_instance_size(1 << 20);
+        pool.max_core_instance_size(1 << 20);
+        pool.table_elements(100_000);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config)?;
+        let mut linker: Linker<HostState> = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+        bindings::Agent::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
+        let ticker = engine.weak();
+        std::thread::Builder::new()
+            .name("voicehost-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = ticker.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(TICK);
+                }
+            })?;
+        Ok(Sandbox {
+            engine,
+            linker: Arc::new(linker),
+            cache: None,
+        })
+    }
+
+    /// Keeps what it compiles in `dir`, by the hash of the component and of the engine's settings, so a
+    /// large component (Python, JavaScript) is compiled once per host, not once per start.
+    pub fn with_cache(mut self, dir: impl Into<PathBuf>) -> Sandbox {
+        self.cache = Some(dir.into());
+        self
+    }
+
+    /// Compiles an agent's component on this host (a precompiled artifact from outside is never loaded)
+    /// and checks that it fits the `agent` world. Only a component that passes every check is cached.
+    pub fn load(&self, wasm: &[u8]) -> Result<AgentCode, LoadError> {
+        self.load_digested(wasm, &Digest::of(wasm))
+    }
+
+    /// [`Sandbox::load`] for a component whose digest the caller has just checked (the registry does on
+    /// every read), so an 18 MB component is not hashed twice on a restart.
+    pub fn load_digested(&self, wasm: &[u8], digest: &Digest) -> Result<AgentCode, LoadError> {
+        match wasm.get(..8) {
+            Some([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00]) => {
+                return Err(LoadError::CoreModule)
+            }
+            Some([0x00, 0x61, 0x73, 0x6d, ..]) => {}
+            _ => return Err(LoadError::NotWasm),
+        }
+        let path = self.cache_path(digest);
+        let cached = path.as_deref().and_then(|path| self.cached(path));
+        let from_cache = cached.is_some();
+        let component = match cached {
+            Some(component) => component,
+            None => Component::from_binary(&self.engine, wasm)
+                .map_err(|e| LoadError::Invalid(format!("{e:#}")))?,
+        };
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::WrongWorld(format!("its imports: {e:#}")))?;
+        let pre = bindings::AgentPre::new(pre)
+            .map_err(|e| LoadError::WrongWorld(format!("its exports: {e:#}")))?;
+        if let (Some(path), false) = (path, from_cache) {
+            if let Err(error) = store_atomically(&path, &component) {
+                tracing::warn!(path = %path.display(), error = %format!("{error:#}"), "could not cache a compiled component");
+            }
+        }
+        Ok(AgentCode {
+            engine: self.engine.clone(),
+            pre,
+            cached: from_cache,
+        })
+    }
+
+    /// Where the compiled form of `wasm` is kept: by the hash of the component and of the engine's settings.
+    fn cache_path(&self, digest: &Digest) -> Option<PathBuf> {
+        self.cache.as_ref().map(|dir| {
+            let mut settings = std::collections::hash_map::DefaultHasher::new();
+            self.engine
+                .precompile_compatibility_hash()
+                .hash(&mut settings);
+            dir.join(format!("{}-{:016x}.cwasm", digest.hex(), settings.finish()))
+        })
+    }
+
+    fn cached(&self, path: &Path) -> Option<Component> {
+        if !path.exists() {
+            return None;
+        }
+        // SAFETY: only this host writes this directory, with `Component::serialize` of what it compiled
+        // itself, under the hash of the source and of the engine's settings. Nothing from outside is ever
+        // deserialized: an upload is always compiled here.
+        #[allow(unsafe_code)]
+        let loaded = unsafe { Component::deserialize_file(&self.engine, path) };
+        match loaded {
+            Ok(component) => Some(component),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "a cached component is unusable: compiling again");
+                None
+            }
+        }
+    }
+}
+
+/// Why a component cannot serve as an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The bytes do not start with WebAssembly's magic number.
+    #[error("this is not WebAssembly")]
+    NotWasm,
+    /// A core module (binary version 1), not a component.
+    #[error("this is a core WebAssembly module, not a component (build for wasm32-wasip2, or wrap it with `wasm-tools component new`)")]
+    CoreModule,
+    /// wasmtime refused to validate or compile it: why.
+    #[error("the component does not validate or compile: {0}")]
+    Invalid(String),
+    /// Its imports or exports are not the `agent` world's: why.
+    #[error("the component does not fit the voicehost:agent world: {0}")]
+    WrongWorld(String),
+}
+
+/// One agent version, compiled and pre-linked: instances are cheap to make from it.
+#[derive(Clone)]
+pub struct AgentCode {
+    pub(super) engine: Engine,
+    pub(super) pre: bindings::AgentPre<HostState>,
+    cached: bool,
+}
+
+impl AgentCode {
+    /// Whether the compiled code came from the cache rather than a compilation.
+    pub fn from_cache(&self) -> bool {
+        self.cached
+    }
+}
+
+/// Writes a compiled component next to its final name, then renames it: a reader never sees half a file.
+fn store_atomically(path: &Path, component: &Component) -> Result<()> {
+    let bytes = component.serialize().map_err(anyhow::Error::from)?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    write_atomically(path, &bytes)?;
+    Ok(())
+}

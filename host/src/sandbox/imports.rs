@@ -1,0 +1,152 @@
+//! The host's side of the guest's imports: the state of one Store, whose WASI, `wasi:http` and `voicehost`
+//! imports reach the call through [`GuestImports`], and the meters behind the limits.
+
+use super::guest_log::GuestOutput;
+use super::outbound::PolicyHooks;
+use super::wit::{Call, Level, Refused, ToolResult};
+use super::{bindings, ticks, GuestImports, Limits};
+use bindings::voicehost::agent::{log, session, types};
+use std::sync::Arc;
+use wasmtime::component::ResourceTable;
+use wasmtime::ResourceLimiter;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+/// The state of one Store: WASI (`wasi:http` with the call's policy), the call's side, and the meters
+/// behind the limits.
+pub struct HostState {
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    http_hooks: PolicyHooks,
+    table: ResourceTable,
+    imports: Arc<dyn GuestImports>,
+    /// The call's log, rate-limited: the `log` import and stdout/stderr share it.
+    output: GuestOutput,
+    memory_cap: usize,
+    /// Whether the instance asked for more memory than its cap.
+    pub(super) memory_hit: bool,
+    /// The ticks of guest running time a handler call may take.
+    pub(super) cpu_budget: u64,
+    /// The ticks the running handler call has taken.
+    pub(super) cpu_used: u64,
+}
+
+impl HostState {
+    /// The state of a fresh Store for the call behind `imports`: stdout and stderr go to `output`.
+    pub(super) fn new(
+        imports: Arc<dyn GuestImports>,
+        limits: &Limits,
+        output: GuestOutput,
+    ) -> HostState {
+        let wasi = WasiCtx::builder()
+            .stdout(output.clone())
+            .stderr(output.clone())
+            .build();
+        HostState {
+            wasi,
+            http: WasiHttpCtx::new(),
+            http_hooks: PolicyHooks::new(limits.http.clone(), imports.info().session_id),
+            table: ResourceTable::new(),
+            imports,
+            output,
+            memory_cap: limits.memory_bytes,
+            memory_hit: false,
+            cpu_budget: ticks(limits.cpu_per_call),
+            cpu_used: 0,
+        }
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
+        }
+    }
+}
+
+impl ResourceLimiter for HostState {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            self.memory_hit = true;
+            wasmtime::bail!("the memory limit of {} bytes was reached", self.memory_cap);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+impl types::Host for HostState {}
+
+impl session::Host for HostState {
+    async fn info(&mut self) -> wasmtime::Result<Call> {
+        Ok(self.imports.info())
+    }
+
+    async fn say(
+        &mut self,
+        text: String,
+        last: Option<bool>,
+        interruptible: Option<bool>,
+    ) -> wasmtime::Result<Result<(), Refused>> {
+        Ok(self.imports.say(text, last, interruptible))
+    }
+
+    async fn clear(&mut self) -> wasmtime::Result<Result<(), Refused>> {
+        Ok(self.imports.clear())
+    }
+
+    async fn send_audio(&mut self, samples: Vec<i16>) -> wasmtime::Result<()> {
+        self.imports.send_audio(samples);
+        Ok(())
+    }
+
+    async fn tool(
+        &mut self,
+        name: String,
+        arguments: Option<String>,
+    ) -> wasmtime::Result<Result<ToolResult, Refused>> {
+        // The guest is suspended while Sent answers: the epoch callback does not run, so the wait costs it
+        // at most one tick of its CPU budget. The wall-clock bound of the whole call covers the wait.
+        Ok(self.imports.tool(name, arguments).await)
+    }
+
+    async fn save(&mut self, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), Refused>> {
+        Ok(self.imports.save(key, value))
+    }
+
+    async fn load(&mut self, key: String) -> wasmtime::Result<Option<Vec<u8>>> {
+        Ok(self.imports.load(&key))
+    }
+}
+
+impl log::Host for HostState {
+    async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
+        self.output.log(level, &message);
+        Ok(())
+    }
+}

@@ -1,0 +1,216 @@
+//! The instance serving one call: one Store at a time, its handlers called one event at a time under the
+//! call's limits, and a fresh Store after a trap.
+
+use super::engine::AgentCode;
+use super::guest_log::GuestOutput;
+use super::imports::HostState;
+use super::trap::{classify, TrapKind};
+use super::wit::{SessionEnd, ToolResult, UnknownFrame, UserSaid};
+use super::{bindings, GuestImports, Limits};
+use anyhow::Result;
+use std::future::Future;
+use std::sync::Arc;
+use wasmtime::{Store, UpdateDeadline};
+
+/// One event for the guest: one handler call.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// The call has started: `on-session-start`.
+    SessionStart,
+    /// One utterance of the caller (text calls): `on-user-said`.
+    UserSaid(UserSaid),
+    /// Caller audio samples (audio calls): `on-audio`.
+    Audio(Vec<i16>),
+    /// Sent's answer to a tool call: `on-tool-result`.
+    ToolResult(ToolResult),
+    /// A session frame of a type the host does not know: `on-frame`.
+    Frame(UnknownFrame),
+    /// Sent ended the call: `on-session-end`.
+    SessionEnd(SessionEnd),
+    /// The call was lost: `on-session-lost`.
+    SessionLost,
+    /// A fresh instance after a trap, told the trap's kind ([`TrapKind::as_str`]): `on-restart`.
+    Restart(String),
+}
+
+impl Event {
+    /// The handler's name in the WIT (`on-user-said`, …).
+    pub fn name(&self) -> &'static str {
+        HANDLERS[self.handler()]
+    }
+
+    /// The handler's place in [`HANDLERS`].
+    pub fn handler(&self) -> usize {
+        match self {
+            Event::SessionStart => 0,
+            Event::UserSaid(_) => 1,
+            Event::Audio(_) => 2,
+            Event::ToolResult(_) => 3,
+            Event::Frame(_) => 4,
+            Event::SessionEnd(_) => 5,
+            Event::SessionLost => 6,
+            Event::Restart(_) => 7,
+        }
+    }
+}
+
+/// The guest's handlers, as the WIT names them.
+pub const HANDLERS: [&str; 8] = [
+    "on-session-start",
+    "on-user-said",
+    "on-audio",
+    "on-tool-result",
+    "on-frame",
+    "on-session-end",
+    "on-session-lost",
+    "on-restart",
+];
+
+/// What one handler call came to.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The handler returned normally.
+    Ok,
+    /// The handler returned an error: logged and counted; the instance goes on.
+    Failed(String),
+    /// The instance trapped and was replaced by a fresh one.
+    Trapped {
+        /// How it trapped.
+        kind: TrapKind,
+        /// For the log: the trap's whole error chain, which handler took too long, or why no instance could
+        /// be made.
+        detail: String,
+    },
+}
+
+/// The instance serving one call. After a trap it is rebuilt from the same `InstancePre` on the next call.
+pub struct Instance {
+    code: AgentCode,
+    imports: Arc<dyn GuestImports>,
+    limits: Limits,
+    live: Option<(Store<HostState>, bindings::Agent)>,
+    /// Guest output shared by every Store of this call, so a rebuilt instance keeps the rate limit.
+    output: GuestOutput,
+}
+
+impl Instance {
+    /// Instantiates the agent for one call.
+    pub async fn new(
+        code: &AgentCode,
+        imports: Arc<dyn GuestImports>,
+        limits: Limits,
+    ) -> Result<Instance> {
+        let output = GuestOutput::new(imports.clone(), limits.log_lines_per_second);
+        let mut instance = Instance {
+            code: code.clone(),
+            imports,
+            limits,
+            live: None,
+            output,
+        };
+        instance.live = Some(instance.instantiate().await?);
+        Ok(instance)
+    }
+
+    // Not `&self` across the await: a Store is Send but not Sync.
+    fn instantiate(
+        &self,
+    ) -> impl Future<Output = Result<(Store<HostState>, bindings::Agent)>> + Send + 'static {
+        let (code, imports, limits, output) = (
+            self.code.clone(),
+            self.imports.clone(),
+            self.limits.clone(),
+            self.output.clone(),
+        );
+        async move { instantiate(&code, imports, &limits, output).await }
+    }
+}
+
+async fn instantiate(
+    code: &AgentCode,
+    imports: Arc<dyn GuestImports>,
+    limits: &Limits,
+    output: GuestOutput,
+) -> Result<(Store<HostState>, bindings::Agent)> {
+    let state = HostState::new(imports, limits, output);
+    let mut store = Store::new(&code.engine, state);
+    store.limiter(|state| state);
+    store.epoch_deadline_callback(|mut context| {
+        let state = context.data_mut();
+        state.cpu_used += 1;
+        if state.cpu_used > state.cpu_budget {
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        // Yield so a busy guest never holds its worker thread for more than a tick.
+        Ok(UpdateDeadline::Yield(1))
+    });
+    store.set_epoch_deadline(1);
+    let agent = code.pre.instantiate_async(&mut store).await?;
+    Ok((store, agent))
+}
+
+impl Instance {
+    /// Calls the handler for `event`. A trap replaces the instance; the caller then delivers
+    /// [`Event::Restart`].
+    pub async fn call(&mut self, event: &Event) -> Outcome {
+        if self.live.is_none() {
+            match self.instantiate().await {
+                Ok(live) => self.live = Some(live),
+                Err(error) => {
+                    return Outcome::Trapped {
+                        kind: TrapKind::Other,
+                        detail: format!("could not instantiate: {error:#}"),
+                    }
+                }
+            }
+        }
+        let Some((store, agent)) = self.live.as_mut() else {
+            return Outcome::Trapped {
+                kind: TrapKind::Other,
+                detail: "no instance".into(),
+            };
+        };
+        store.data_mut().cpu_used = 0;
+        store.set_epoch_deadline(1);
+        let handler = agent.voicehost_agent_handler();
+        let call = async {
+            match event {
+                Event::SessionStart => handler.call_on_session_start(&mut *store).await,
+                Event::UserSaid(said) => handler.call_on_user_said(&mut *store, said).await,
+                Event::Audio(samples) => handler.call_on_audio(&mut *store, samples).await,
+                Event::ToolResult(result) => handler.call_on_tool_result(&mut *store, result).await,
+                Event::Frame(frame) => handler.call_on_frame(&mut *store, frame).await,
+                Event::SessionEnd(end) => handler.call_on_session_end(&mut *store, end).await,
+                Event::SessionLost => handler.call_on_session_lost(&mut *store).await,
+                Event::Restart(reason) => handler.call_on_restart(&mut *store, reason).await,
+            }
+        };
+        let result = tokio::time::timeout(self.limits.wall_per_call, call).await;
+        let outcome = match result {
+            Ok(Ok(Ok(()))) => Outcome::Ok,
+            Ok(Ok(Err(message))) => Outcome::Failed(message),
+            Ok(Err(error)) => {
+                let memory = self.live.as_ref().is_some_and(|(s, _)| s.data().memory_hit);
+                Outcome::Trapped {
+                    kind: classify(&error, memory),
+                    // The whole chain: the outermost context is only the wasm backtrace, the cause
+                    // (the trap, or the limiter's message) is below it.
+                    detail: format!("{error:#}"),
+                }
+            }
+            Err(_) => Outcome::Trapped {
+                kind: TrapKind::WallDeadline,
+                detail: format!(
+                    "{} took longer than {:?}",
+                    event.name(),
+                    self.limits.wall_per_call
+                ),
+            },
+        };
+        if matches!(outcome, Outcome::Trapped { .. }) {
+            // A trap poisons the whole Store: the next call gets a fresh one.
+            self.live = None;
+        }
+        outcome
+    }
+}
