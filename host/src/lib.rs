@@ -13,8 +13,6 @@
 //! [`cli`] (the operator's side of the admin API: `voicehost agents` and `voicehost token`, and their
 //! HTTP client).
 
-#![warn(missing_docs)]
-
 pub mod agent;
 pub mod api;
 pub mod call;

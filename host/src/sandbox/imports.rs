@@ -14,7 +14,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 /// The state of one Store: WASI (`wasi:http` with the call's policy), the call's side, and the meters
 /// behind the limits.
-pub struct HostState {
+pub(crate) struct HostState {
     wasi: WasiCtx,
     http: WasiHttpCtx,
     http_hooks: PolicyHooks,

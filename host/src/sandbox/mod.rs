@@ -26,7 +26,6 @@ pub mod outbound;
 mod trap;
 
 pub use engine::{AgentCode, LoadError, Sandbox};
-pub use imports::HostState;
 pub use instance::{Event, Instance, Outcome, HANDLERS};
 pub use outbound::{HttpPolicy, Origin};
 pub use trap::TrapKind;

@@ -23,29 +23,55 @@ pub enum What {
     /// A handshake was accepted: the connection is open.
     Opened,
     /// A handshake was refused with this HTTP status.
-    Refused { status: u16 },
+    Refused {
+        /// The HTTP status: 400, 401, 403 or 404 for a faulty handshake, or whatever a
+        /// [`crate::ConnPlan`] asked for.
+        status: u16,
+    },
     /// A frame, valid for the protocol. `counted` says whether it counts towards `received`.
     Frame {
+        /// The frame's `type`, such as `agent.say`.
         frame_type: String,
+        /// The whole frame as it went over the wire.
         json: Value,
+        /// Whether it is a session frame of a counted type: one that moves the receiver's `received`.
         counted: bool,
     },
     /// A binary audio message.
-    Audio { stream: u16, samples: Vec<u8> },
+    Audio {
+        /// The stream number from the message's 2-byte header: which session's audio it is.
+        stream: u16,
+        /// The audio bytes after the header, 16-bit samples as they went over the wire.
+        samples: Vec<u8>,
+    },
     /// Text the simulator sent as is (invalid on purpose), or the agent sent and Sent refused.
-    Raw { text: String },
+    Raw {
+        /// The text as it went over the wire.
+        text: String,
+    },
     /// The connection closed; `how` says who closed it and how.
-    Closed { how: String },
+    Closed {
+        /// Who closed it and how, such as "dropped by Sent" or "closed by the agent with 1000".
+        how: String,
+    },
 }
 
 /// One thing the simulator saw.
 #[derive(Debug, Clone)]
 pub struct Record {
+    /// Its place in the recorder, from 0: records are numbered in the order the simulator saw them.
     pub seq: usize,
+    /// When the simulator recorded it.
     pub at: Instant,
+    /// The connection it happened on, numbered from 1 in the order the handshakes were accepted; 0 for a
+    /// refused handshake, which never became a connection.
     pub conn: u32,
+    /// Which way it went.
     pub dir: Dir,
+    /// The id of the session it belongs to; `None` for what belongs to the connection as a whole
+    /// (handshakes, pings, closes, connection frames).
     pub session: Option<String>,
+    /// What happened.
     pub what: What,
 }
 
@@ -66,6 +92,7 @@ impl Record {
         }
     }
 
+    /// Whether the record is a frame of type `frame_type` that went the way `dir` says.
     pub fn is_frame(&self, dir: Dir, frame_type: &str) -> bool {
         self.dir == dir && self.frame_type() == Some(frame_type)
     }
@@ -117,9 +144,14 @@ fn shorten(text: &str) -> String {
 /// Something an agent did that the protocol forbids. A scenario fails when one is recorded during it.
 #[derive(Debug, Clone)]
 pub struct Violation {
+    /// The sequence number the next record had when the violation was found: the violation came after
+    /// every record numbered below it.
     pub seq: usize,
+    /// The connection the agent broke the rule on.
     pub conn: u32,
+    /// The session concerned, when the rule is about one.
     pub session: Option<String>,
+    /// Which rule the agent broke, and how.
     pub message: String,
 }
 
@@ -200,6 +232,7 @@ impl Recorder {
         self.log().records.len()
     }
 
+    /// Whether nothing has been recorded yet.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

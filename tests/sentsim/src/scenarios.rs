@@ -17,10 +17,13 @@ pub const GREETING: &str = "Hello from the conformance agent.";
 
 /// One named behaviour.
 pub struct Scenario {
+    /// Its name: the name of the function that runs it, and what a filter matches.
     pub name: &'static str,
+    /// The behaviour it checks, in a sentence.
     pub meaning: &'static str,
     /// What it needs of the agent and of whoever serves it.
     pub needs: Needs,
+    /// Runs it against the agent connected to the context's simulator; `Err` says what went wrong.
     pub run: for<'a> fn(&'a Ctx) -> BoxFuture<'a, Result<()>>,
 }
 
@@ -28,6 +31,7 @@ pub struct Scenario {
 /// to fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Needs {
+    /// The agent it must talk to.
     pub agent: AgentKind,
     /// `resume.window_ms` that Sent gives every session (`None`: the [`crate::SimConfig`]'s).
     pub window_ms: Option<u64>,
@@ -74,6 +78,8 @@ pub struct HostSettings {
 }
 
 impl HostSettings {
+    /// voicehost as it starts with no settings: the default tool timeout, a failure policy that hangs up,
+    /// and one connection to Sent.
     pub const DEFAULT: HostSettings = HostSettings {
         tool_timeout_ms: None,
         transfer_to: None,

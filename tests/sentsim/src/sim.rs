@@ -27,8 +27,9 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 
-/// The agent the official conformance program connects as, and the key it uses.
+/// The agent the official conformance program connects as.
 pub const CONFORMANCE_AGENT: &str = "agent_conformance";
+/// The API key the official conformance program connects with: it owns [`CONFORMANCE_AGENT`].
 pub const CONFORMANCE_KEY: &str = "conformance";
 
 /// How long a scenario waits for anything before it fails with what arrived instead.
@@ -37,7 +38,9 @@ pub const DEADLINE: Duration = Duration::from_secs(5);
 /// One API key and the agents it owns.
 #[derive(Debug, Clone)]
 pub struct Account {
+    /// The key an agent presents in its handshake.
     pub api_key: String,
+    /// The ids of the agents the key may connect as.
     pub agents: Vec<String>,
 }
 
@@ -129,13 +132,19 @@ pub enum CloseAfterReady {
 /// The kind of call a session carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// A text session: `user.said` in, `agent.say` out, no audio stream.
     Text,
-    Audio { sample_rate: u32 },
+    /// An audio session, with a stream of its own on the connection.
+    Audio {
+        /// The audio's sample rate in Hz, as `session.start` announces it.
+        sample_rate: u32,
+    },
 }
 
 /// A session to start.
 #[derive(Debug, Clone)]
 pub struct SessionSpec {
+    /// Whether the session is text or audio, and at which sample rate.
     pub kind: Kind,
     /// Whether `session.start` carries a resume token.
     pub resumable: bool,
@@ -144,6 +153,7 @@ pub struct SessionSpec {
 }
 
 impl SessionSpec {
+    /// A resumable text session with no `context`.
     pub fn text() -> SessionSpec {
         SessionSpec {
             kind: Kind::Text,
@@ -152,6 +162,7 @@ impl SessionSpec {
         }
     }
 
+    /// A resumable audio session at `sample_rate` Hz with no `context`.
     pub fn audio(sample_rate: u32) -> SessionSpec {
         SessionSpec {
             kind: Kind::Audio { sample_rate },
@@ -289,14 +300,21 @@ pub struct Sim {
 /// What Sent knows of a session, for scenarios to check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallState {
+    /// The connection the session is on; `None` while it is detached (its connection closed and no
+    /// resume has moved it yet).
     pub conn: Option<u32>,
+    /// The session's audio stream number on that connection; `None` for a text session or a detached one.
     pub stream: Option<u16>,
     /// Sent's counted frames sent to the agent.
     pub sent: usize,
     /// The agent's counted frames Sent read.
     pub received: usize,
+    /// A `session.resume` for the session arrived and Sent has not answered it yet.
     pub resuming: bool,
+    /// The `session.end` reason, once the session has ended.
     pub ended: Option<String>,
+    /// The session can no longer be resumed and its call has gone to its fallback: its resume was refused
+    /// (bad token, window passed, frames no longer kept) or the agent closed its connection cleanly.
     pub lost: bool,
 }
 
@@ -364,10 +382,12 @@ impl Sim {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The configuration the simulator was started with.
     pub fn config(&self) -> &SimConfig {
         &self.inner.config
     }
 
+    /// The address the simulator listens on.
     pub fn addr(&self) -> SocketAddr {
         self.inner.addr
     }
@@ -377,6 +397,7 @@ impl Sim {
         format!("ws://{}{CONNECT_PATH}", self.inner.addr)
     }
 
+    /// The recorder of everything the simulator saw.
     pub fn recorder(&self) -> &Recorder {
         &self.inner.recorder
     }
@@ -1595,6 +1616,7 @@ fn type_of(text: &str) -> Option<String> {
 #[derive(Clone)]
 pub struct ConnHandle {
     sim: Sim,
+    /// The connection's number, as in [`crate::Record::conn`].
     pub id: u32,
 }
 
@@ -1612,6 +1634,7 @@ impl ConnHandle {
         }
     }
 
+    /// Starts a resumable text session on this connection.
     pub fn start_text(&self) -> Call {
         self.start(SessionSpec::text())
     }
@@ -1682,6 +1705,7 @@ impl ConnHandle {
         self.send_raw(&text);
     }
 
+    /// Starts a resumable audio session at `sample_rate` Hz on this connection.
     pub fn start_audio(&self, sample_rate: u32) -> Call {
         self.start(SessionSpec::audio(sample_rate))
     }
@@ -1732,6 +1756,7 @@ impl ConnHandle {
             .push_out(&mut state, self.id, None, Out::Text(text.into()), record);
     }
 
+    /// Whether the connection is still open: neither side has closed or dropped it.
     pub fn is_open(&self) -> bool {
         self.sim.state().conns.get(&self.id).is_some_and(|c| c.open)
     }
@@ -1795,6 +1820,7 @@ impl ConnHandle {
 /// One session, as a scenario drives it from Sent's side and checks what the agent sends for it.
 pub struct Call {
     sim: Sim,
+    /// The session's id, as in its `session.start`.
     pub id: String,
     frames_from: usize,
     audio_from: usize,
@@ -2000,6 +2026,7 @@ impl Call {
         self.expect_say_with(text, true).await
     }
 
+    /// The next frame is `agent.say` with this text and this `last` (absent counts as true).
     pub async fn expect_say_with(&mut self, text: &str, last: bool) -> Result<Value> {
         let what = format!("agent.say {text:?} with last {last}");
         self.expect_frame(&what, |j| {
@@ -2010,6 +2037,7 @@ impl Call {
         .await
     }
 
+    /// The next frame is `agent.clear`.
     pub async fn expect_clear(&mut self) -> Result<Value> {
         self.expect_frame("agent.clear", |j| j["type"] == "agent.clear")
             .await

@@ -28,16 +28,22 @@ pub trait Poke: Send + Sync {
 
 /// What a scenario gets.
 pub struct Ctx {
+    /// The simulated Sent the agent under test is connected to.
     pub sim: Sim,
+    /// What the agent under test can take.
     pub profile: Profile,
+    /// A way to make the agent act on its own, when it runs in the test's process; `None` otherwise.
     pub poke: Option<Arc<dyn Poke>>,
 }
 
 /// One scenario's result.
 #[derive(Debug, Clone)]
 pub struct Outcome {
+    /// The scenario's name.
     pub name: &'static str,
+    /// What the scenario checks, in a sentence.
     pub meaning: &'static str,
+    /// Whether it passed: no error, no timeout and no protocol violation.
     pub passed: bool,
     /// What went wrong, empty when it passed.
     pub detail: String,
@@ -46,14 +52,17 @@ pub struct Outcome {
 /// The suite's results, in order.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
+    /// One outcome per scenario run, in the order they ran.
     pub outcomes: Vec<Outcome>,
 }
 
 impl Report {
+    /// How many scenarios passed.
     pub fn passed(&self) -> usize {
         self.outcomes.iter().filter(|o| o.passed).count()
     }
 
+    /// How many scenarios failed.
     pub fn failed(&self) -> usize {
         self.outcomes.len() - self.passed()
     }

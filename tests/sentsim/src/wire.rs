@@ -7,7 +7,9 @@ use serde_json::Value;
 /// Why a frame from the agent was refused. Each becomes an `error` frame with this code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
+    /// The protocol's error code, such as `invalid_frame` or `frame_not_allowed`.
     pub code: &'static str,
+    /// What exactly was wrong, for the `error` frame's `message`.
     pub message: String,
 }
 
@@ -23,15 +25,19 @@ impl Refusal {
 /// An agent frame Sent accepted, with what the protocol says about it.
 #[derive(Debug, Clone)]
 pub struct AgentFrame {
+    /// The frame as the official codec decoded it.
     pub frame: Frame,
+    /// The frame's JSON as the agent sent it, for the recorder.
     pub json: Value,
 }
 
 impl AgentFrame {
+    /// The frame's `type`, such as `agent.say`.
     pub fn frame_type(&self) -> &str {
         self.frame.frame_type()
     }
 
+    /// The session the frame is for; `None` for a connection frame.
     pub fn session_id(&self) -> Option<&str> {
         self.frame.session_id()
     }

@@ -37,13 +37,19 @@ pub fn init_tracing() {
     let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
+/// The component of the test guest `name`, as voicehost-test-programs built it.
+///
+/// # Panics
+/// If there is no guest of that name, or its file cannot be read.
 pub fn guest(name: &str) -> Vec<u8> {
     voicehost_test_programs::read(name)
 }
 
 /// The simulator and a host serving one example agent on it.
 pub struct Host {
+    /// The simulated Sent the host is connected to.
     pub sim: Sim,
+    /// What the host counts and measures as it serves, for tests to check.
     pub stats: Arc<Stats>,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), ConnectError>>,
@@ -95,6 +101,10 @@ impl Host {
         }
     }
 
+    /// The host's newest usable connection to the simulator (see [`Sim::connection`]).
+    ///
+    /// # Panics
+    /// If the host opens none the simulator can use in time.
     pub async fn connection(&self) -> ConnHandle {
         self.sim.connection().await.unwrap()
     }

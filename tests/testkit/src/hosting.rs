@@ -9,17 +9,25 @@ use std::sync::Arc;
 use voicehost::tenancy::Tenancy;
 use voicehost::tenancy::{token_sha256, ServeConfig};
 
+/// acme's bearer token for the admin API; the config holds only its SHA-256.
 pub const ACME_TOKEN: &str = "vh_acme_admin_token_do_not_leak";
+/// globex's bearer token for the admin API; the config holds only its SHA-256.
 pub const GLOBEX_TOKEN: &str = "vh_globex_admin_token_do_not_leak";
+/// acme's Sent API key, written to `acme.key` in the test's directory: it owns `agent_acme` and
+/// `agent_acme2`.
 pub const ACME_KEY: &str = "sk_acme_sent_key_do_not_leak";
+/// globex's Sent API key, written to `globex.key` in the test's directory: it owns `agent_globex`.
 pub const GLOBEX_KEY: &str = "sk_globex_sent_key_do_not_leak";
 
 /// The simulator, and the tenancy hosting acme and globex on it.
 pub struct Hosting {
+    /// The simulated Sent the tenants' agents connect to.
     pub sim: Sim,
+    /// The tenants as `voicehost serve` holds them, for tests to inspect and drive directly.
     pub tenancy: Arc<Tenancy>,
     /// The admin API's base URL.
     pub admin: String,
+    /// The test's own directory: the config, the tenants' key files and the data directory `data`.
     pub dir: PathBuf,
     config: PathBuf,
     api: tokio::task::JoinHandle<()>,
@@ -153,6 +161,10 @@ impl Hosting {
         self.sim.connection_for(Some(agent)).await.unwrap()
     }
 
+    /// The text of `GET /metrics` (asked without a token), in Prometheus's text format.
+    ///
+    /// # Panics
+    /// If the answer is not 200.
     pub async fn metrics(&self) -> String {
         let (status, body) = self.api("GET", "/metrics", None, Vec::new()).await;
         assert_eq!(status, 200);
