@@ -24,8 +24,6 @@ use sentsim::sim::{CONFORMANCE_AGENT, CONFORMANCE_KEY};
 use sentsim::{Dir, Sim, SimConfig, What};
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
@@ -33,11 +31,10 @@ use tokio::sync::watch;
 use voicehost::agent::CallRules;
 use voicehost::agent::Dial;
 use voicehost::agent::{self, AgentConfig};
-use voicehost::sandbox::wit::{
-    Call, Direction, Level, Media, Party, Refused, ToolResult, UserSaid,
-};
-use voicehost::sandbox::{AgentCode, Event, GuestImports, Instance, Limits, Outcome, Sandbox};
+use voicehost::sandbox::wit::UserSaid;
+use voicehost::sandbox::{AgentCode, Event, Instance, Limits, Outcome, Sandbox};
 use voicehost::stats::Stats;
+use voicehost_testkit::Quiet;
 
 /// Instantiations measured (each timed alone).
 const INSTANTIATIONS: usize = 10_000;
@@ -198,73 +195,6 @@ fn show(d: Duration) -> String {
     }
 }
 
-// ----- a call that records nothing -----
-
-/// The host side of a call that does nothing: the guest's imports return at once.
-struct Quiet {
-    call: Call,
-}
-
-impl Quiet {
-    fn calls() -> Arc<dyn GuestImports> {
-        let party = |kind: &str, value: &str| Party {
-            kind: kind.into(),
-            value: Some(value.into()),
-        };
-        Arc::new(Quiet {
-            call: Call {
-                session_id: "vs_bench".into(),
-                call_id: "call_bench".into(),
-                agent_id: CONFORMANCE_AGENT.into(),
-                direction: Direction::Inbound,
-                from: party("number", "+14155550100"),
-                to: party("agent", CONFORMANCE_AGENT),
-                media: Media::Audio(16_000),
-                language: None,
-                context: None,
-                started_at: "2025-01-01T00:00:00Z".into(),
-                max_duration_ms: None,
-            },
-        })
-    }
-}
-
-impl GuestImports for Quiet {
-    fn info(&self) -> Call {
-        self.call.clone()
-    }
-
-    fn say(&self, _: String, _: Option<bool>, _: Option<bool>) -> Result<(), Refused> {
-        Ok(())
-    }
-
-    fn clear(&self) -> Result<(), Refused> {
-        Ok(())
-    }
-
-    fn send_audio(&self, _: Vec<i16>) {}
-
-    fn tool(
-        &self,
-        _: String,
-        _: Option<String>,
-    ) -> Pin<Box<dyn Future<Output = Result<ToolResult, Refused>> + Send>> {
-        Box::pin(async { Err(Refused::Ended) })
-    }
-
-    fn save(&self, _: String, _: Vec<u8>) -> Result<(), Refused> {
-        Ok(())
-    }
-
-    fn load(&self, _: &str) -> Option<Vec<u8>> {
-        None
-    }
-
-    fn log(&self, _: Level, _: &str) {}
-
-    fn log_dropped(&self) {}
-}
-
 fn audio_event() -> Event {
     Event::Audio((0..SAMPLES_20MS as i16).collect())
 }
@@ -297,12 +227,12 @@ fn rss_bytes() -> Option<u64> {
 async fn memory(code: &AgentCode) -> Result<Memory> {
     let audio = audio_event();
     // One instance first, so what every instance shares (code, pool bookkeeping) is already resident.
-    let mut warm = Instance::new(code, Quiet::calls(), Limits::default()).await?;
+    let mut warm = Instance::new(code, Quiet::imports(), Limits::default()).await?;
     expect_ok(&mut warm, &audio).await?;
     let before = rss_bytes().ok_or_else(|| anyhow!("no VmRSS in /proc/self/status"))?;
     let mut live = Vec::with_capacity(LIVE);
     for _ in 0..LIVE {
-        let mut instance = Instance::new(code, Quiet::calls(), Limits::default()).await?;
+        let mut instance = Instance::new(code, Quiet::imports(), Limits::default()).await?;
         expect_ok(&mut instance, &audio).await?;
         live.push(instance);
     }
@@ -317,7 +247,7 @@ async fn memory(code: &AgentCode) -> Result<Memory> {
 }
 
 async fn instantiation(code: &AgentCode, report: &mut Report) -> Result<()> {
-    let calls = Quiet::calls();
+    let calls = Quiet::imports();
     let mut new = Vec::with_capacity(INSTANTIATIONS);
     let mut dropped = Vec::with_capacity(INSTANTIATIONS);
     for _ in 0..INSTANTIATIONS {
@@ -348,7 +278,7 @@ async fn instantiation(code: &AgentCode, report: &mut Report) -> Result<()> {
 }
 
 async fn calls(code: &AgentCode, report: &mut Report) -> Result<()> {
-    let mut instance = Instance::new(code, Quiet::calls(), Limits::default()).await?;
+    let mut instance = Instance::new(code, Quiet::imports(), Limits::default()).await?;
     for (label, event) in [
         (
             "`call(Audio(320 samples))`: on-audio → send-audio echo",
@@ -379,7 +309,7 @@ async fn calls(code: &AgentCode, report: &mut Report) -> Result<()> {
 async fn traps(code: &AgentCode, report: &mut Report) -> Result<()> {
     let audio = audio_event();
     let panic = said("panic");
-    let mut instance = Instance::new(code, Quiet::calls(), Limits::default()).await?;
+    let mut instance = Instance::new(code, Quiet::imports(), Limits::default()).await?;
     expect_ok(&mut instance, &audio).await?;
     let mut trapping = Vec::with_capacity(TRAPS);
     let mut fresh = Vec::with_capacity(TRAPS);
@@ -654,14 +584,14 @@ async fn language(sandbox: &Sandbox, name: &'static str, wasm: &[u8]) -> Result<
     let code = sandbox.load(wasm)?;
     let compile = t.elapsed();
     let audio = audio_event();
-    let mut warm = Instance::new(&code, Quiet::calls(), Limits::default()).await?;
+    let mut warm = Instance::new(&code, Quiet::imports(), Limits::default()).await?;
     expect_ok(&mut warm, &audio).await?;
     let before = rss_bytes().ok_or_else(|| anyhow!("no VmRSS"))?;
     let mut live = Vec::with_capacity(LANGUAGE_INSTANCES);
     let mut new = Vec::with_capacity(LANGUAGE_INSTANCES);
     for _ in 0..LANGUAGE_INSTANCES {
         let t = Instant::now();
-        let mut instance = Instance::new(&code, Quiet::calls(), Limits::default()).await?;
+        let mut instance = Instance::new(&code, Quiet::imports(), Limits::default()).await?;
         new.push(t.elapsed());
         expect_ok(&mut instance, &audio).await?;
         live.push(instance);

@@ -36,6 +36,10 @@ const WORKSPACES: [(&str, &[(&str, &str)]); 2] = [
                 "prober",
                 "The pressure scenarios' test guest: audio of its own, floods, big sends.",
             ),
+            (
+                "hoarder",
+                "A test guest: makes the host keep `wasi:http` fields, bodies and random bytes for it.",
+            ),
         ],
     ),
 ];

@@ -433,15 +433,25 @@ impl Task {
                             "the handler failed"
                         );
                     }
-                    Outcome::Trapped { kind, detail } => {
+                    Outcome::Trapped { kind, report } => {
                         stats.trap(kind);
+                        // One line for the operator; the whole wasm backtrace only at debug.
                         tracing::warn!(
                             session = self.session_id,
                             handler = event.name(),
                             kind = kind.as_str(),
-                            detail,
+                            function = report.function.as_deref().unwrap_or("-"),
+                            cause = report.cause,
                             "the agent trapped: a fresh instance takes over"
                         );
+                        if !report.backtrace.is_empty() {
+                            tracing::debug!(
+                                session = self.session_id,
+                                handler = event.name(),
+                                backtrace = report.backtrace,
+                                "the trap's wasm backtrace"
+                            );
+                        }
                         traps.push_back(Instant::now());
                         while traps
                             .front()

@@ -8,14 +8,19 @@ use anyhow::Result;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::types::ComponentItem;
+use wasmtime::component::{Component, HasSelf, Linker, ResourceType};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 /// The engine all agents share, with the epoch ticker that drives CPU deadlines.
 #[derive(Clone)]
 pub struct Sandbox {
     engine: Engine,
+    /// WASI, `wasi:http` and the agent's imports: what an upload is checked against, and what agents
+    /// allowed HTTP get.
     linker: Arc<Linker<HostState>>,
+    /// The same without `wasi:http`: for agents allowed no origin, whose `wasi:http` imports trap.
+    without_http: Arc<Linker<HostState>>,
     /// Where compiled components are kept, by content hash, when set.
     cache: Option<PathBuf>,
 }
@@ -41,10 +46,11 @@ impl Sandbox {
         pool.table_elements(100_000);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
-        let mut linker: Linker<HostState> = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        let mut without_http: Linker<HostState> = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut without_http)?;
+        bindings::Agent::add_to_linker::<HostState, HasSelf<HostState>>(&mut without_http, |s| s)?;
+        let mut linker = without_http.clone();
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
-        bindings::Agent::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)?;
         let ticker = engine.weak();
         std::thread::Builder::new()
             .name("voicehost-epoch".into())
@@ -58,6 +64,7 @@ impl Sandbox {
         Ok(Sandbox {
             engine,
             linker: Arc::new(linker),
+            without_http: Arc::new(without_http),
             cache: None,
         })
     }
@@ -99,6 +106,13 @@ impl Sandbox {
             .map_err(|e| LoadError::WrongWorld(format!("its imports: {e:#}")))?;
         let pre = bindings::AgentPre::new(pre)
             .map_err(|e| LoadError::WrongWorld(format!("its exports: {e:#}")))?;
+        // It fits the world with `wasi:http`; without it, the only imports left undefined are
+        // `wasi:http`'s, which trap when called (an agent allowed no origin gets nothing of it).
+        let mut without_http = (*self.without_http).clone();
+        let pre_without_http = trap_http_imports(&mut without_http, &component)
+            .and_then(|()| without_http.instantiate_pre(&component))
+            .and_then(bindings::AgentPre::new)
+            .map_err(|e| LoadError::WrongWorld(format!("without wasi:http: {e:#}")))?;
         if let (Some(path), false) = (path, from_cache) {
             if let Err(error) = store_atomically(&path, &component) {
                 tracing::warn!(path = %path.display(), error = %format!("{error:#}"), "could not cache a compiled component");
@@ -107,6 +121,7 @@ impl Sandbox {
         Ok(AgentCode {
             engine: self.engine.clone(),
             pre,
+            pre_without_http,
             cached: from_cache,
         })
     }
@@ -141,6 +156,58 @@ impl Sandbox {
     }
 }
 
+/// Defines every `wasi:http` import of `component` in `linker` as a function that traps (and its resources
+/// as types nothing can make): the agent instantiates, and its first use of `wasi:http` ends the handler
+/// call. Only `wasi:http`'s: `wasmtime`'s `define_unknown_imports_as_traps` would also redefine the
+/// `wasi:io` resources that `wasi:http` shares, under a newer minor version than the linker's.
+fn trap_http_imports(
+    linker: &mut Linker<HostState>,
+    component: &Component,
+) -> wasmtime::Result<()> {
+    /// The resource type of `wasi:http`'s resources when it is not linked: none is ever made.
+    struct NotLinked;
+    let engine = linker.engine().clone();
+    let world = component.component_type();
+    // The resources of the other imports (`wasi:io`'s streams and pollable): `wasi:http` uses them, and
+    // they are linked already.
+    let mut linked = Vec::new();
+    for (name, import) in world.imports(&engine) {
+        if let (false, ComponentItem::ComponentInstance(instance)) =
+            (name.starts_with("wasi:http/"), &import.ty)
+        {
+            for (_, item) in instance.exports(&engine) {
+                if let ComponentItem::Resource(ty) = item.ty {
+                    linked.push(ty);
+                }
+            }
+        }
+    }
+    for (name, import) in world.imports(&engine) {
+        let ComponentItem::ComponentInstance(instance) = import.ty else {
+            continue;
+        };
+        if !name.starts_with("wasi:http/") {
+            continue;
+        }
+        let mut stubs = linker.instance(name)?;
+        for (export, item) in instance.exports(&engine) {
+            match item.ty {
+                ComponentItem::ComponentFunc(_) => {
+                    let what = format!("{name}#{export}");
+                    stubs.func_new(export, move |_, _, _, _| {
+                        wasmtime::bail!("{what}: wasi:http is not linked: the agent's tenant allows it no origin")
+                    })?;
+                }
+                ComponentItem::Resource(ty) if !linked.contains(&ty) => {
+                    stubs.resource(export, ResourceType::host::<NotLinked>(), |_, _| Ok(()))?;
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Why a component cannot serve as an agent.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -163,6 +230,8 @@ pub enum LoadError {
 pub struct AgentCode {
     pub(super) engine: Engine,
     pub(super) pre: bindings::AgentPre<HostState>,
+    /// For calls whose HTTP policy allows no origin: `wasi:http` is not linked, its imports trap.
+    pub(super) pre_without_http: bindings::AgentPre<HostState>,
     cached: bool,
 }
 

@@ -2,6 +2,7 @@
 //! imports reach the call through [`GuestImports`], and the meters behind the limits.
 
 use super::guest_log::GuestOutput;
+use super::limits::{MAX_FIELDS_BYTES, MAX_HANDLES, MAX_RANDOM_BYTES};
 use super::outbound::PolicyHooks;
 use super::wit::{Call, Level, Refused, ToolResult};
 use super::{bindings, ticks, GuestImports, Limits};
@@ -41,12 +42,17 @@ impl HostState {
         let wasi = WasiCtx::builder()
             .stdout(output.clone())
             .stderr(output.clone())
+            .max_random_size(MAX_RANDOM_BYTES)
             .build();
+        let mut http = WasiHttpCtx::new();
+        http.set_field_size_limit(MAX_FIELDS_BYTES);
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_HANDLES);
         HostState {
             wasi,
-            http: WasiHttpCtx::new(),
+            http,
             http_hooks: PolicyHooks::new(limits.http.clone(), imports.info().session_id),
-            table: ResourceTable::new(),
+            table,
             imports,
             output,
             memory_cap: limits.memory_bytes,

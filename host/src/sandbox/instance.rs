@@ -4,7 +4,7 @@
 use super::engine::AgentCode;
 use super::guest_log::GuestOutput;
 use super::imports::HostState;
-use super::trap::{classify, TrapKind};
+use super::trap::{classify, TrapKind, TrapReport};
 use super::wit::{SessionEnd, ToolResult, UnknownFrame, UserSaid};
 use super::{bindings, GuestImports, Limits};
 use anyhow::Result;
@@ -77,9 +77,9 @@ pub enum Outcome {
     Trapped {
         /// How it trapped.
         kind: TrapKind,
-        /// For the log: the trap's whole error chain, which handler took too long, or why no instance could
-        /// be made.
-        detail: String,
+        /// For the log: its cause and where in the guest; or which handler took too long, or why no
+        /// instance could be made.
+        report: TrapReport,
     },
 }
 
@@ -145,7 +145,12 @@ async fn instantiate(
         Ok(UpdateDeadline::Yield(1))
     });
     store.set_epoch_deadline(1);
-    let agent = code.pre.instantiate_async(&mut store).await?;
+    let pre = if limits.http.allow.is_empty() {
+        &code.pre_without_http
+    } else {
+        &code.pre
+    };
+    let agent = pre.instantiate_async(&mut store).await?;
     Ok((store, agent))
 }
 
@@ -159,7 +164,7 @@ impl Instance {
                 Err(error) => {
                     return Outcome::Trapped {
                         kind: TrapKind::Other,
-                        detail: format!("could not instantiate: {error:#}"),
+                        report: TrapReport::outside(format!("could not instantiate: {error:#}")),
                     }
                 }
             }
@@ -167,7 +172,7 @@ impl Instance {
         let Some((store, agent)) = self.live.as_mut() else {
             return Outcome::Trapped {
                 kind: TrapKind::Other,
-                detail: "no instance".into(),
+                report: TrapReport::outside("no instance"),
             };
         };
         store.data_mut().cpu_used = 0;
@@ -193,18 +198,16 @@ impl Instance {
                 let memory = self.live.as_ref().is_some_and(|(s, _)| s.data().memory_hit);
                 Outcome::Trapped {
                     kind: classify(&error, memory),
-                    // The whole chain: the outermost context is only the wasm backtrace, the cause
-                    // (the trap, or the limiter's message) is below it.
-                    detail: format!("{error:#}"),
+                    report: TrapReport::of(&error),
                 }
             }
             Err(_) => Outcome::Trapped {
                 kind: TrapKind::WallDeadline,
-                detail: format!(
+                report: TrapReport::outside(format!(
                     "{} took longer than {:?}",
                     event.name(),
                     self.limits.wall_per_call
-                ),
+                )),
             },
         };
         if matches!(outcome, Outcome::Trapped { .. }) {

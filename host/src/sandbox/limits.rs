@@ -42,6 +42,25 @@ pub const TRAP_WINDOW: Duration = Duration::from_secs(60);
 /// address space per memory slot, so no limit may be set above it.
 pub const MAX_MEMORY_MIB: u64 = 1024;
 
+/// Handles one instance may hold in its resource table at once: `wasi:http` fields, requests, responses
+/// and bodies, streams, pollables. One more traps the instance (`host_resources`). With
+/// [`MAX_FIELDS_BYTES`] and [`HTTP_BODY_CHUNK_BYTES`] it bounds what an instance makes the host keep for it
+/// beside its linear memory: at most 256 × 16 KiB = 4 MiB of header fields, or 256 × 2 × 16 KiB = 8 MiB of
+/// unsent request bodies. A guest that uses `wasi:http` as agents do holds about ten.
+pub const MAX_HANDLES: usize = 256;
+
+/// The most one `wasi:http` fields (headers or trailers) may hold, counted as wasmtime-wasi-http counts
+/// it (names and values with their in-memory overhead); appending past it fails for the guest.
+pub const MAX_FIELDS_BYTES: usize = 16 << 10;
+
+/// The most one write to an outgoing `wasi:http` body may carry; a body buffers at most two such chunks
+/// until the request is sent.
+pub const HTTP_BODY_CHUNK_BYTES: usize = 16 << 10;
+
+/// The most one `get-random-bytes` (or the insecure one) may ask for: the host makes the bytes before the
+/// guest's memory takes them. More traps the instance.
+pub const MAX_RANDOM_BYTES: u64 = 1 << 20;
+
 /// A limit the engine cannot run: its key in `voicehost.toml` (`run`'s flag is the same with `-`), and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{key} {problem}")]

@@ -3,7 +3,9 @@
 //! running time counts, not the time it waits in `tool`), a wall-clock bound, and a linear-memory cap. A
 //! trap poisons the whole Store, so [`Instance`] drops it and builds a fresh one from the same
 //! `InstancePre`; the session then calls `on-restart`. Guests may make HTTP requests through `wasi:http`,
-//! only to the origins of [`Limits::http`] (see [`crate::sandbox::outbound`]); by default none.
+//! only to the origins of [`Limits::http`] (see [`crate::sandbox::outbound`]); by default none, and then
+//! `wasi:http` is not linked at all: its imports trap. What an instance may hold on the host's side beside
+//! its memory (handles, header fields, body chunks, random bytes) is capped in [`limits`].
 //!
 //! By concern: `engine.rs` (the engine, compiling and the compiled cache), `imports.rs` (the host's side of
 //! the guest's imports, and the meters behind the limits), `instance.rs` (one call's instance and its
@@ -28,7 +30,7 @@ mod trap;
 pub use engine::{AgentCode, LoadError, Sandbox};
 pub use instance::{Event, Instance, Outcome, HANDLERS};
 pub use outbound::{HttpPolicy, Origin};
-pub use trap::TrapKind;
+pub use trap::{TrapKind, TrapReport};
 
 // Generated from wit/agent.wit, whose doc comments become the docs; the WIT leaves a few items bare, and
 // the generated helpers (`Refused::name`, `Refused::message`) can have none.

@@ -18,6 +18,7 @@
 //! byte before the last one, and the host holds up to `max_response_bytes` per open response; a call has at
 //! most [`MAX_OPEN_REQUESTS`] requests and unread responses at once.
 
+use super::limits::HTTP_BODY_CHUNK_BYTES;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 use hyper::http::{self, HeaderMap, Method, StatusCode};
@@ -323,6 +324,15 @@ type SendFuture =
     Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), Error>> + Send>;
 
 impl WasiHttpHooks for PolicyHooks {
+    // An unsent body holds its chunks on the host: small ones, one buffered (see `limits::MAX_HANDLES`).
+    fn p2_outgoing_body_buffer_chunks(&mut self) -> usize {
+        1
+    }
+
+    fn p2_outgoing_body_chunk_size(&mut self) -> usize {
+        HTTP_BODY_CHUNK_BYTES
+    }
+
     fn send_request(
         &mut self,
         request: http::Request<WasiBody>,

@@ -1,6 +1,8 @@
 //! What kind of trap ended a handler call, for logs, metrics and `on-restart`.
 
-use wasmtime::Trap;
+use wasmtime::component::ResourceTableError;
+use wasmtime::{Trap, WasmBacktrace};
+use wasmtime_wasi_http::FieldMapError;
 
 /// How a trap happened, for logs, metrics and `on-restart`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,18 +17,22 @@ pub enum TrapKind {
     Memory,
     /// The guest's call stack overflowed.
     StackOverflow,
+    /// The instance held more handles on the host than [`super::limits::MAX_HANDLES`], or filled a
+    /// `wasi:http` fields past [`super::limits::MAX_FIELDS_BYTES`].
+    HostResources,
     /// Any other trap, or an instance that could not be made.
     Other,
 }
 
 impl TrapKind {
     /// Every kind, in the order stats, metrics and logs list them.
-    pub const ALL: [TrapKind; 6] = [
+    pub const ALL: [TrapKind; 7] = [
         TrapKind::Panic,
         TrapKind::CpuDeadline,
         TrapKind::WallDeadline,
         TrapKind::Memory,
         TrapKind::StackOverflow,
+        TrapKind::HostResources,
         TrapKind::Other,
     ];
 
@@ -42,6 +48,7 @@ impl TrapKind {
             TrapKind::WallDeadline => "wall_deadline",
             TrapKind::Memory => "memory_limit",
             TrapKind::StackOverflow => "stack_overflow",
+            TrapKind::HostResources => "host_resources",
             TrapKind::Panic => "panic",
             TrapKind::Other => "other",
         }
@@ -53,10 +60,78 @@ pub(super) fn classify(error: &wasmtime::Error, memory: bool) -> TrapKind {
     if memory {
         return TrapKind::Memory;
     }
+    // A host call over one of the instance's caps returns its error up through the guest, under context
+    // (the import's, the backtrace's): look through the whole chain.
+    let over_a_cap = error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<ResourceTableError>(),
+            Some(ResourceTableError::Full)
+        ) || matches!(
+            cause.downcast_ref::<FieldMapError>(),
+            Some(FieldMapError::TotalSizeTooBig | FieldMapError::TooManyFields)
+        )
+    });
+    if over_a_cap {
+        return TrapKind::HostResources;
+    }
     match error.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => TrapKind::CpuDeadline,
         Some(Trap::StackOverflow) => TrapKind::StackOverflow,
         Some(Trap::UnreachableCodeReached) => TrapKind::Panic,
         _ => TrapKind::Other,
+    }
+}
+
+/// A trap as the log tells it: one line at `warn` (its cause and the guest function it happened in), the
+/// whole wasm backtrace at `debug`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrapReport {
+    /// What stopped the guest, in one line: the trap (`wasm trap: …`), or the error of the host call or
+    /// limit that ended it.
+    pub cause: String,
+    /// The guest function running when it happened (the innermost frame): its name when the component
+    /// carries names, else `wasm function N` (and its module's name, if any).
+    pub function: Option<String>,
+    /// Every frame, innermost first, one per line; empty when there is none (a wall-clock bound, an
+    /// instance that could not be made).
+    pub backtrace: String,
+}
+
+impl TrapReport {
+    /// A report of `cause` with no guest frames (the trap did not come from inside the guest).
+    pub fn outside(cause: impl Into<String>) -> TrapReport {
+        TrapReport {
+            cause: cause.into(),
+            function: None,
+            backtrace: String::new(),
+        }
+    }
+
+    /// The report of the error a handler call returned.
+    pub(super) fn of(error: &wasmtime::Error) -> TrapReport {
+        let cause = error.root_cause().to_string();
+        let Some(backtrace) = error.downcast_ref::<WasmBacktrace>() else {
+            return TrapReport::outside(cause);
+        };
+        let frame = |f: &wasmtime::FrameInfo| {
+            let function = match f.func_name() {
+                Some(name) => name.to_string(),
+                None => format!("wasm function {}", f.func_index()),
+            };
+            match f.module().name() {
+                Some(module) => format!("{module}!{function}"),
+                None => function,
+            }
+        };
+        TrapReport {
+            cause,
+            function: backtrace.frames().first().map(frame),
+            backtrace: backtrace
+                .frames()
+                .iter()
+                .map(frame)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
     }
 }

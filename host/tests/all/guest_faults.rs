@@ -6,8 +6,9 @@
 use sentsim::Call;
 use std::time::{Duration, Instant};
 use voicehost::agent::{CallRules, FailurePolicy};
-use voicehost::sandbox::{Limits, TrapKind};
-use voicehost_testkit::Host;
+use voicehost::sandbox::wit::UserSaid;
+use voicehost::sandbox::{Event, Instance, Limits, Outcome, TrapKind};
+use voicehost_testkit::{guest, sandbox, Host, Quiet};
 
 /// 20 ms of 16-bit mono audio at 16000 Hz.
 const FRAME_BYTES: usize = 640;
@@ -324,4 +325,28 @@ async fn waiting_in_tool_for_sent_does_not_count_against_the_cpu_deadline() {
     assert_eq!(host.stats.traps(), 0, "{}", host.stats);
     assert_eq!(host.stats.restarts.get(), 0);
     host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_is_reported_as_its_cause_in_one_line_and_the_guest_function_it_happened_in() {
+    let code = sandbox().load(&guest("panicker")).unwrap();
+    let mut instance = Instance::new(&code, Quiet::imports(), Limits::default())
+        .await
+        .unwrap();
+    let panic = Event::UserSaid(UserSaid {
+        text: "panic".into(),
+        correction: false,
+    });
+    let Outcome::Trapped { kind, report } = instance.call(&panic).await else {
+        panic!("the panicker did not trap");
+    };
+    assert_eq!(kind, TrapKind::Panic);
+    assert!(report.cause.starts_with("wasm trap: "), "{report:?}");
+    assert!(!report.cause.contains('\n'), "{report:?}");
+    // The test guests are stripped of names, so the function is known by its index.
+    let function = report.function.clone().expect("the guest function");
+    assert!(function.contains("wasm function "), "{report:?}");
+    let frames: Vec<&str> = report.backtrace.lines().collect();
+    assert_eq!(frames.first(), Some(&function.as_str()), "{report:?}");
+    assert!(frames.len() > 1, "{report:?}");
 }

@@ -3,6 +3,7 @@
 
 mod cache;
 mod connection;
+mod containment;
 mod guest_faults;
 mod operator;
 mod outbound;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use voicehost::agent::CallRules;
 use voicehost::sandbox::Limits;
-use voicehost::sandbox::{HttpPolicy, Origin};
+use voicehost::sandbox::{HttpPolicy, Origin, TrapKind};
 use voicehost_testkit::Host;
 
 /// A large answer: 64 KiB of JSON, over the 1 KiB cap of the tests that use it.
@@ -180,8 +180,19 @@ async fn a_request_to_an_origin_off_the_allowlist_is_denied_before_it_leaves_the
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_policy_denies_every_request() {
-    denied(|_| CallRules::default()).await;
+async fn under_the_default_policy_wasi_http_is_not_linked_and_its_first_use_traps() {
+    let model = Model::start().await;
+    let host = Host::start("llm", CallRules::default()).await;
+    let mut call = call_with_model(&host, &model.url("/reply")).await;
+
+    call.say("hello");
+    call.expect_nothing(Duration::from_millis(500))
+        .await
+        .unwrap();
+    let stats = &host.stats;
+    assert_eq!(stats.trapped(TrapKind::Other), 1, "{stats}");
+    assert_eq!(model.requests(), 0, "the server saw a request");
+    host.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -492,7 +492,7 @@ async fn the_served_openapi_document_describes_every_route_and_every_route_answe
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenants_http_allowlist_applies_to_its_agents_only() {
+async fn a_tenants_http_allowlist_applies_to_its_agents_only_and_others_get_no_wasi_http() {
     let model = crate::outbound::Model::start().await;
     let acme = format!(
         "[tenants.http]\nallow = [\"{}\"]\ntimeout_ms = 5000",
@@ -506,13 +506,15 @@ async fn a_tenants_http_allowlist_applies_to_its_agents_only() {
     let mut allowed = crate::outbound::call_on(&hosting.connection("agent_acme").await, &url).await;
     allowed.say("hello");
     allowed.expect_say("you said: hello").await.unwrap();
-    let mut denied =
-        crate::outbound::call_on(&hosting.connection("agent_globex").await, &url).await;
+    // Globex allows no origin: its agents get no `wasi:http` at all, and the first use of it traps.
+    let denied = crate::outbound::call_on(&hosting.connection("agent_globex").await, &url).await;
     denied.say("hello");
-    denied
-        .expect_say("sorry, I cannot reach my brain (HttpRequestDenied)")
-        .await
-        .unwrap();
+    until_metrics(&hosting, "globex's trap", |t| {
+        t.contains(
+            "voicehost_traps_total{tenant=\"globex\",agent=\"agent_globex\",kind=\"other\"} 1",
+        )
+    })
+    .await;
     assert_eq!(model.requests(), 1, "only acme's agent reached the model");
     allowed.end("completed");
     denied.end("completed");

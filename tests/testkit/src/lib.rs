@@ -1,14 +1,16 @@
 //! What voicehost's tests and benches share (as wasmtime's test utilities are a crate of their own): a host
 //! serving one agent on the Sent simulator ([`Host`]), `voicehost serve` in-process with two tenants
-//! ([`Hosting`]), and one raw request to the admin API ([`admin::send`]), so error answers can be checked
-//! as they are. Never a dependency of the shipped crate.
+//! ([`Hosting`]), one raw request to the admin API ([`admin::send`]), so error answers can be checked as
+//! they are, and a call that does nothing ([`Quiet`]) for driving an instance directly. Never a dependency of the shipped crate.
 
 pub mod admin;
 mod host;
 mod hosting;
+mod quiet;
 
 pub use host::{guest, init_tracing, sandbox, Host};
 pub use hosting::{metric, request, Hosting, ACME_KEY, ACME_TOKEN, GLOBEX_KEY, GLOBEX_TOKEN};
+pub use quiet::Quiet;
 
 /// Where tests keep what they write (data directories, the compiled cache across runs): the repository's
 /// `target/tmp`, as cargo's own `CARGO_TARGET_TMPDIR` would be for an integration test.

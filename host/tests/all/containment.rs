@@ -1,0 +1,119 @@
+//! What one instance may make the host keep for it, beside its linear memory: the `hoarder` test guest
+//! keeps `wasi:http` fields, unsent request bodies and random bytes, and the host's caps
+//! (`voicehost::sandbox::limits`) stop it with a trap, counted by kind, while the call goes on.
+
+use sentsim::Call;
+use std::sync::Arc;
+use voicehost::agent::CallRules;
+use voicehost::sandbox::limits::{HTTP_BODY_CHUNK_BYTES, MAX_FIELDS_BYTES};
+use voicehost::sandbox::{HttpPolicy, Limits, Origin, TrapKind};
+use voicehost_testkit::Host;
+
+/// Rules under which `wasi:http` is linked: one origin is allowed (nothing listens there; nothing is sent).
+fn with_http() -> CallRules {
+    let origin: Origin = "http://127.0.0.1:9".parse().unwrap();
+    CallRules {
+        limits: Limits {
+            http: Arc::new(HttpPolicy::allowing([origin])),
+            ..Limits::default()
+        },
+        ..CallRules::default()
+    }
+}
+
+async fn hoarder(rules: CallRules) -> (Host, Call) {
+    let host = Host::start("hoarder", rules).await;
+    let mut call = host.connection().await.start_text();
+    call.expect_say("Hello from the hoarder.").await.unwrap();
+    (host, call)
+}
+
+/// The number after `prefix` in what the agent said.
+async fn said_number(call: &mut Call, prefix: &str) -> usize {
+    let what = format!("agent.say starting {prefix:?}");
+    let frame = call
+        .expect_frame(&what, |j| {
+            j["type"] == "agent.say" && j["text"].as_str().is_some_and(|t| t.starts_with(prefix))
+        })
+        .await
+        .unwrap();
+    let rest = &frame["text"].as_str().unwrap()[prefix.len()..];
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+async fn still_answers(call: &mut Call) {
+    call.say("echo alive");
+    call.expect_say("alive").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_keeping_http_fields_traps_at_the_handle_cap_and_the_call_goes_on() {
+    let (host, mut call) = hoarder(with_http()).await;
+    call.say("fields 10 8");
+    assert_eq!(
+        said_number(&mut call, "kept 10 fields, ").await,
+        10 * 8 * 1024
+    );
+
+    call.say("fields 100000 8");
+    still_answers(&mut call).await;
+    let stats = &host.stats;
+    assert_eq!(stats.trapped(TrapKind::HostResources), 1, "{stats}");
+    assert_eq!(stats.traps(), 1, "{stats}");
+    assert_eq!(stats.restarts.get(), 1, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_http_fields_filled_past_its_size_cap_traps() {
+    let (host, mut call) = hoarder(with_http()).await;
+    call.say(&format!("fields 1 {}", MAX_FIELDS_BYTES / 1024));
+    still_answers(&mut call).await;
+    let stats = &host.stats;
+    assert_eq!(stats.trapped(TrapKind::HostResources), 1, "{stats}");
+    assert_eq!(stats.traps(), 1, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsent_request_bodies_hold_two_small_chunks_each_and_trap_at_the_handle_cap() {
+    let (host, mut call) = hoarder(with_http()).await;
+    call.say("bodies 10");
+    let bytes = said_number(&mut call, "kept 10 bodies, ").await;
+    assert!(bytes <= 10 * 2 * HTTP_BODY_CHUNK_BYTES, "{bytes}");
+
+    call.say("bodies 100000");
+    still_answers(&mut call).await;
+    let stats = &host.stats;
+    assert_eq!(stats.trapped(TrapKind::HostResources), 1, "{stats}");
+    assert_eq!(stats.traps(), 1, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_bytes_over_the_cap_trap_instead_of_being_made() {
+    let (host, mut call) = hoarder(CallRules::default()).await;
+    call.say("random 4096");
+    assert_eq!(said_number(&mut call, "got ").await, 4096);
+
+    call.say("random 1000000000");
+    still_answers(&mut call).await;
+    let stats = &host.stats;
+    assert_eq!(stats.traps(), 1, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_allowed_no_origin_has_no_wasi_http_and_its_imports_trap() {
+    let (host, mut call) = hoarder(CallRules::default()).await;
+    call.say("fields 1 1");
+    still_answers(&mut call).await;
+    let stats = &host.stats;
+    assert_eq!(stats.trapped(TrapKind::Other), 1, "{stats}");
+    assert_eq!(stats.traps(), 1, "{stats}");
+    host.finish().await;
+}

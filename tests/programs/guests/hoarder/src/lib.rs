@@ -1,0 +1,104 @@
+//! A text agent that makes the host keep things for it, so tests can watch the caps on what one instance
+//! may hold on the host's side, beside its linear memory.
+//!
+//! * session start: says "Hello from the hoarder.";
+//! * "fields <n> <k>": makes `n` `wasi:http` fields, each with `k` headers of 1 KiB, keeps them all, and
+//!   says "kept <n> fields, <bytes> bytes";
+//! * "bodies <n>": makes `n` outgoing requests, writes as much of each one's body as the host takes without
+//!   ever sending it, keeps them all, and says "kept <n> bodies, <bytes> bytes";
+//! * "random <n>": asks the host for `n` random bytes and says "got <n>";
+//! * "echo <text>": says `<text>`;
+//! * anything else: nothing.
+
+use std::cell::RefCell;
+
+use voicehost_agent::{export_agent, Agent, Session, UserSaid};
+use wasip2::http::types::{Fields, OutgoingBody, OutgoingRequest};
+use wasip2::io::streams::OutputStream;
+
+/// One header's value: 1 KiB.
+const VALUE: [u8; 1024] = [b'x'; 1024];
+
+/// The hoarder: what it made stays in its fields for the life of the instance.
+#[derive(Default)]
+pub struct Hoarder {
+    fields: RefCell<Vec<Fields>>,
+    bodies: RefCell<Vec<(OutgoingRequest, OutgoingBody, OutputStream)>>,
+}
+
+impl Hoarder {
+    /// Makes one fields with `headers` headers of 1 KiB; returns its bytes.
+    fn fill_fields(&self, headers: u64) -> Result<usize, String> {
+        let fields = Fields::new();
+        for i in 0..headers {
+            fields
+                .append(&format!("x-hoard-{i}"), &VALUE)
+                .map_err(|e| format!("{e:?}"))?;
+        }
+        self.fields.borrow_mut().push(fields);
+        Ok(headers as usize * VALUE.len())
+    }
+
+    /// Makes one request and writes its body until the host takes no more; returns the bytes written.
+    fn fill_body(&self) -> Result<usize, String> {
+        let request = OutgoingRequest::new(Fields::new());
+        let body = request.body().map_err(|()| "no body")?;
+        let stream = body.write().map_err(|()| "no body stream")?;
+        let mut bytes = 0;
+        loop {
+            let room = stream.check_write().map_err(|e| format!("{e:?}"))? as usize;
+            if room == 0 {
+                break;
+            }
+            let chunk = vec![b'y'; room.min(64 << 10)];
+            stream.write(&chunk).map_err(|e| format!("{e:?}"))?;
+            bytes += chunk.len();
+        }
+        self.bodies.borrow_mut().push((request, body, stream));
+        Ok(bytes)
+    }
+}
+
+fn count(text: &str) -> Result<u64, String> {
+    text.parse().map_err(|e| format!("{text:?}: {e}"))
+}
+
+impl Agent for Hoarder {
+    fn on_session_start(&self, session: &Session) -> Result<(), String> {
+        session.say("Hello from the hoarder.")?;
+        Ok(())
+    }
+
+    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+        let (command, argument) = said.text.split_once(' ').unwrap_or((&said.text, ""));
+        match command {
+            "fields" => {
+                let (n, headers) = argument.split_once(' ').ok_or("fields <n> <k>")?;
+                let (n, headers) = (count(n)?, count(headers)?);
+                let mut bytes = 0;
+                for _ in 0..n {
+                    bytes += self.fill_fields(headers)?;
+                }
+                session.say(&format!("kept {n} fields, {bytes} bytes"))?;
+            }
+            "bodies" => {
+                let n = count(argument)?;
+                let mut bytes = 0;
+                for _ in 0..n {
+                    bytes += self.fill_body()?;
+                }
+                session.say(&format!("kept {n} bodies, {bytes} bytes"))?;
+            }
+            "random" => {
+                let n = count(argument)?;
+                let got = wasip2::random::random::get_random_bytes(n);
+                session.say(&format!("got {}", got.len()))?;
+            }
+            "echo" => session.say(argument)?,
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+export_agent!(Hoarder);
