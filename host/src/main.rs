@@ -186,12 +186,36 @@ async fn serve(path: &std::path::Path) -> Result<()> {
     // The admin API answers `/healthz` with 503 until every active agent is loaded.
     tenancy.start().await;
     serve_until_stopped(&tenancy, path).await;
-    tracing::info!("stopping: closing every connection");
+    tracing::info!(
+        grace_s = SHUTDOWN_GRACE.as_secs(),
+        "stopping: closing every connection with 1000 (a second SIGINT or SIGTERM exits at once)"
+    );
+    tokio::spawn(async {
+        shutdown_signal().await;
+        tracing::warn!("a second signal: exiting at once");
+        std::process::exit(130);
+    });
     let _ = stop.send(true);
-    tenancy.shutdown().await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), api).await;
+    let stopped = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        tenancy.shutdown().await;
+        let _ = api.await;
+    })
+    .await;
+    match stopped {
+        Ok(()) => tracing::info!("stopped"),
+        // What is left (a compile in progress, a slow admin client) is abandoned: the registry's files are
+        // written whole or not at all, so nothing half-done is kept.
+        Err(_) => tracing::warn!(
+            grace_s = SHUTDOWN_GRACE.as_secs(),
+            "not everything stopped within the grace period: exiting anyway"
+        ),
+    }
     Ok(())
 }
+
+/// How long `serve` waits, after SIGINT or SIGTERM, for its connections to close and the admin API's
+/// requests to finish, before it exits anyway (with 0: stopping was asked for).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Waits for SIGINT or SIGTERM; on SIGHUP, reloads the config (a config that does not load is logged and
 /// changes nothing).

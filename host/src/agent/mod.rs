@@ -23,7 +23,7 @@ use connection::{Event, Outbox, EVENTS_BOUND};
 use router::{Router, RouterConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinHandle;
 
@@ -78,6 +78,8 @@ struct Shared {
     wakers: HashMap<CallKey, Arc<Notify>>,
     /// Connections being dialled: aborted when the agent stops, so a stopped agent never connects again.
     dials: HashMap<ConnId, JoinHandle<()>>,
+    /// The tasks of open connections: awaited when the agent stops, so their close reaches Sent.
+    open: HashMap<ConnId, JoinHandle<()>>,
 }
 
 /// One served agent.
@@ -118,6 +120,7 @@ pub async fn serve(
             waiters: HashMap::new(),
             wakers: HashMap::new(),
             dials: HashMap::new(),
+            open: HashMap::new(),
         }),
         timers: Notify::new(),
         dial: config.dial,
@@ -163,14 +166,29 @@ pub async fn serve(
             }
         }
     };
-    agent.with(|shared| {
+    let closing = agent.with(|shared| {
         shared.router.stop();
         for (_, dial) in shared.dials.drain() {
             dial.abort();
         }
+        std::mem::take(&mut shared.open)
     });
+    // Each open connection has been told to close with 1000; its task ends once the close is written and
+    // answered. Without this wait a process that stops right after would reset them instead.
+    let tasks: Vec<JoinHandle<()>> = closing.into_values().collect();
+    let aborts: Vec<_> = tasks.iter().map(JoinHandle::abort_handle).collect();
+    if tokio::time::timeout(CLOSE_WITHIN, futures_util::future::join_all(tasks))
+        .await
+        .is_err()
+    {
+        tracing::warn!("a connection did not close in time: dropped");
+        aborts.iter().for_each(tokio::task::AbortHandle::abort);
+    }
     result
 }
+
+/// How long a stopping agent waits for its connections' closing handshakes.
+const CLOSE_WITHIN: Duration = Duration::from_secs(3);
 
 impl Agent {
     fn lock(&self) -> MutexGuard<'_, Shared> {
@@ -190,7 +208,9 @@ impl Agent {
         let now = Instant::now();
         match event {
             Event::Opened { ready, outbox } => {
-                shared.dials.remove(&conn);
+                if let Some(task) = shared.dials.remove(&conn) {
+                    shared.open.insert(conn, task);
+                }
                 shared.outboxes.insert(conn, outbox);
                 shared.router.opened(conn, &ready, now);
             }
@@ -207,6 +227,7 @@ impl Agent {
             Event::Closed { why } => {
                 tracing::info!(conn, why, "connection closed");
                 shared.outboxes.remove(&conn);
+                shared.open.remove(&conn);
                 shared.router.closed(conn, now);
             }
         }

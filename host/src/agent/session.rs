@@ -5,7 +5,9 @@
 
 use super::admission::Permit;
 use super::{Agent, Deployment, FailurePolicy};
-use crate::call::{CallKey, CallLimits, GuestEvent, Media, Refused, ToolAnswer};
+use crate::call::{
+    CallKey, CallLimits, GuestEvent, Media, Refused, ToolAnswer, MAX_TOOL_ARGUMENTS_BYTES,
+};
 use crate::protocol::{frames, Frame};
 use crate::sandbox::limits;
 use crate::sandbox::wit::{self, Call as CallInfo, Direction, Level, Party};
@@ -112,6 +114,12 @@ impl GuestImports for Port {
         name: String,
         arguments: Option<String>,
     ) -> Pin<Box<dyn Future<Output = Result<wit::ToolResult, wit::Refused>> + Send>> {
+        if arguments
+            .as_ref()
+            .is_some_and(|a| a.len() > MAX_TOOL_ARGUMENTS_BYTES)
+        {
+            return Box::pin(async { Err(wit::Refused::OverLimit) });
+        }
         let arguments = match arguments
             .as_deref()
             .map(serde_json::from_str::<Map<String, Value>>)

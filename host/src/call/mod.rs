@@ -51,6 +51,14 @@ pub const RESUME_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// counted: they always go out).
 pub const MAX_WAITING_TOOLS: usize = 16;
 
+/// The longest tool name a guest may use (Sent's tools are short snake_case names); longer is
+/// `refused::invalid`.
+pub const MAX_TOOL_NAME_BYTES: usize = 64;
+
+/// The most JSON a guest's tool arguments may hold, checked before they are parsed (parsed JSON takes
+/// many times its text on the host); more is `refused::over-limit`. Sent's tools take a few hundred bytes.
+pub const MAX_TOOL_ARGUMENTS_BYTES: usize = 16 << 10;
+
 /// What the call carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Media {
@@ -848,6 +856,9 @@ impl Call {
     ) -> Result<String, Refused> {
         if self.finished() {
             return Err(Refused::Ended);
+        }
+        if name.len() > MAX_TOOL_NAME_BYTES {
+            return Err(Refused::Invalid);
         }
         let guests = self
             .waiting

@@ -48,18 +48,24 @@ impl GuestOutput {
     }
 }
 
-/// The longest guest log line kept, in bytes.
-const MAX_LINE: usize = 1024;
+/// The longest guest log line kept, in bytes; the longest text of a guest's the host logs anywhere (a
+/// handler's error, a trap's cause).
+pub const MAX_LINE: usize = 1024;
+
+/// `text` cut to at most [`MAX_LINE`] bytes, on a character boundary.
+pub fn clip(text: &str) -> &str {
+    let mut cut = text.len().min(MAX_LINE);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &text[..cut]
+}
 
 impl GuestOutput {
     /// A line from the `log` import.
     pub(super) fn log(&self, level: Level, message: &str) {
-        let mut cut = message.len().min(MAX_LINE);
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
         let mut state = self.shared.lock();
-        self.shared.emit(&mut state, level, &message[..cut]);
+        self.shared.emit(&mut state, level, clip(message));
     }
 }
 

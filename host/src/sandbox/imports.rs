@@ -23,7 +23,7 @@ pub(crate) struct HostState {
     imports: Arc<dyn GuestImports>,
     /// The call's log, rate-limited: the `log` import and stdout/stderr share it.
     output: GuestOutput,
-    memory_cap: usize,
+    memory: MemoryMeter,
     /// Whether the instance asked for more memory than its cap.
     pub(super) memory_hit: bool,
     /// The ticks of guest running time a handler call may take.
@@ -55,7 +55,7 @@ impl HostState {
             table,
             imports,
             output,
-            memory_cap: limits.memory_bytes,
+            memory: MemoryMeter::new(limits.memory_bytes),
             memory_hit: false,
             cpu_budget: ticks(limits.cpu_per_call),
             cpu_used: 0,
@@ -85,15 +85,23 @@ impl WasiHttpView for HostState {
 impl ResourceLimiter for HostState {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.memory_cap {
+        if !self.memory.grow(current, desired) {
             self.memory_hit = true;
-            wasmtime::bail!("the memory limit of {} bytes was reached", self.memory_cap);
+            wasmtime::bail!(
+                "the memory limit of {} bytes (all the instance's memories together) was reached",
+                self.memory.cap
+            );
         }
         Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.memory.grow_failed();
+        Ok(())
     }
 
     fn table_growing(
@@ -103,6 +111,41 @@ impl ResourceLimiter for HostState {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
+    }
+}
+
+/// The linear memory of all an instance's memories together, against its cap: `memory_mib` bounds the
+/// instance, however many memories its component declares.
+#[derive(Debug)]
+struct MemoryMeter {
+    cap: usize,
+    used: usize,
+    /// What the last growth allowed added, taken back if the growth then fails.
+    last: usize,
+}
+
+impl MemoryMeter {
+    fn new(cap: usize) -> MemoryMeter {
+        MemoryMeter {
+            cap,
+            used: 0,
+            last: 0,
+        }
+    }
+
+    /// Whether one memory may grow from `current` to `desired` bytes; counts it if so.
+    fn grow(&mut self, current: usize, desired: usize) -> bool {
+        let more = desired.saturating_sub(current);
+        if self.used.saturating_add(more) > self.cap {
+            return false;
+        }
+        self.used += more;
+        self.last = more;
+        true
+    }
+
+    fn grow_failed(&mut self) {
+        self.used -= std::mem::take(&mut self.last);
     }
 }
 
@@ -154,5 +197,24 @@ impl log::Host for HostState {
     async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
         self.output.log(level, &message);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MemoryMeter;
+
+    #[test]
+    fn the_memory_cap_holds_for_all_the_memories_of_an_instance_together() {
+        let mut meter = MemoryMeter::new(64);
+        assert!(meter.grow(0, 40), "the first memory's initial size");
+        assert!(
+            !meter.grow(0, 40),
+            "a second memory of 40 is over 64 in all"
+        );
+        assert!(meter.grow(0, 24), "a second memory of 24 fits exactly");
+        assert!(!meter.grow(40, 41), "no byte more for either");
+        meter.grow_failed();
+        assert!(meter.grow(40, 64), "a growth that failed is taken back");
     }
 }

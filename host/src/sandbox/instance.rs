@@ -2,7 +2,7 @@
 //! call's limits, and a fresh Store after a trap.
 
 use super::engine::AgentCode;
-use super::guest_log::GuestOutput;
+use super::guest_log::{clip, GuestOutput};
 use super::imports::HostState;
 use super::trap::{classify, TrapKind, TrapReport};
 use super::wit::{SessionEnd, ToolResult, UnknownFrame, UserSaid};
@@ -112,7 +112,8 @@ impl Instance {
         Ok(instance)
     }
 
-    // Not `&self` across the await: a Store is Send but not Sync.
+    // Not `&self` across the await: a Store is Send but not Sync. Under the wall-clock bound of a handler
+    // call: a component's start functions run guest code, which could wait in an import for ever.
     fn instantiate(
         &self,
     ) -> impl Future<Output = Result<(Store<HostState>, bindings::Agent)>> + Send + 'static {
@@ -122,7 +123,12 @@ impl Instance {
             self.limits.clone(),
             self.output.clone(),
         );
-        async move { instantiate(&code, imports, &limits, output).await }
+        async move {
+            let within = limits.wall_per_call;
+            tokio::time::timeout(within, instantiate(&code, imports, &limits, output))
+                .await
+                .unwrap_or_else(|_| anyhow::bail!("instantiating took longer than {within:?}"))
+        }
     }
 }
 
@@ -193,7 +199,7 @@ impl Instance {
         let result = tokio::time::timeout(self.limits.wall_per_call, call).await;
         let outcome = match result {
             Ok(Ok(Ok(()))) => Outcome::Ok,
-            Ok(Ok(Err(message))) => Outcome::Failed(message),
+            Ok(Ok(Err(message))) => Outcome::Failed(clip(&message).to_string()),
             Ok(Err(error)) => {
                 let memory = self.live.as_ref().is_some_and(|(s, _)| s.data().memory_hit);
                 Outcome::Trapped {

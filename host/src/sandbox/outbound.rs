@@ -287,7 +287,7 @@ impl PolicyHooks {
             tracing::warn!(
                 session = self.session,
                 scheme = scheme.as_str(),
-                host,
+                host = super::guest_log::clip(host),
                 port,
                 "an agent's HTTP request was denied: its origin is not on the allowlist"
             );

@@ -1,5 +1,6 @@
 //! What kind of trap ended a handler call, for logs, metrics and `on-restart`.
 
+use super::guest_log::clip;
 use wasmtime::component::ResourceTableError;
 use wasmtime::{Trap, WasmBacktrace};
 use wasmtime_wasi_http::FieldMapError;
@@ -101,7 +102,7 @@ impl TrapReport {
     /// A report of `cause` with no guest frames (the trap did not come from inside the guest).
     pub fn outside(cause: impl Into<String>) -> TrapReport {
         TrapReport {
-            cause: cause.into(),
+            cause: clip(&cause.into()).to_string(),
             function: None,
             backtrace: String::new(),
         }
@@ -114,8 +115,9 @@ impl TrapReport {
             return TrapReport::outside(cause);
         };
         let frame = |f: &wasmtime::FrameInfo| {
+            // A name section is the guest's to write: kept to a log line's length.
             let function = match f.func_name() {
-                Some(name) => name.to_string(),
+                Some(name) => clip(name).to_string(),
                 None => format!("wasm function {}", f.func_index()),
             };
             match f.module().name() {
@@ -124,7 +126,7 @@ impl TrapReport {
             }
         };
         TrapReport {
-            cause,
+            cause: clip(&cause).to_string(),
             function: backtrace.frames().first().map(frame),
             backtrace: backtrace
                 .frames()

@@ -5,6 +5,7 @@
 use sentsim::Call;
 use std::sync::Arc;
 use voicehost::agent::CallRules;
+use voicehost::call::{MAX_TOOL_ARGUMENTS_BYTES, MAX_TOOL_NAME_BYTES};
 use voicehost::sandbox::limits::{HTTP_BODY_CHUNK_BYTES, MAX_FIELDS_BYTES};
 use voicehost::sandbox::{HttpPolicy, Limits, Origin, TrapKind};
 use voicehost_testkit::Host;
@@ -115,5 +116,17 @@ async fn an_agent_allowed_no_origin_has_no_wasi_http_and_its_imports_trap() {
     let stats = &host.stats;
     assert_eq!(stats.trapped(TrapKind::Other), 1, "{stats}");
     assert_eq!(stats.traps(), 1, "{stats}");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_arguments_and_names_over_their_caps_are_refused_before_the_host_parses_them() {
+    let (host, mut call) = hoarder(CallRules::default()).await;
+    call.say(&format!("tool {}", MAX_TOOL_ARGUMENTS_BYTES + 1));
+    call.expect_say("tool: over-limit").await.unwrap();
+    call.say(&format!("tool-name {}", MAX_TOOL_NAME_BYTES + 1));
+    call.expect_say("tool: invalid").await.unwrap();
+    still_answers(&mut call).await;
+    assert_eq!(host.stats.traps(), 0, "{}", host.stats);
     host.finish().await;
 }

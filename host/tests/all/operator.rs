@@ -88,9 +88,34 @@ impl Served {
         assert!(sent.success(), "kill -{name}");
     }
 
-    /// SIGTERM, and the exit that follows.
-    fn stop(mut self) -> String {
-        self.signal("TERM");
+    /// SIGTERM, and the exit that follows (which must be 0).
+    fn stop(self) -> String {
+        let (status, log) = self.stop_with(&["TERM"]);
+        assert!(status.success(), "voicehost exited with {status}\n{log}");
+        log
+    }
+
+    /// These signals, one after the other (each once the host has logged that it is stopping), and the
+    /// exit that follows: its status and the whole log.
+    fn stop_with(mut self, signals: &[&str]) -> (std::process::ExitStatus, String) {
+        for (n, signal) in signals.iter().enumerate() {
+            if n > 0 {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !self
+                    .log
+                    .lock()
+                    .unwrap()
+                    .contains("stopping: closing every connection")
+                {
+                    assert!(
+                        Instant::now() < deadline,
+                        "voicehost never said it was stopping"
+                    );
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            self.signal(signal);
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -102,11 +127,10 @@ impl Served {
             );
             std::thread::sleep(Duration::from_millis(20));
         };
-        assert!(status.success(), "voicehost exited with {status}");
         // The reader thread sees the end of the pipe soon after the exit.
         std::thread::sleep(Duration::from_millis(100));
         let log = self.log.lock().unwrap().clone();
-        log
+        (status, log)
     }
 }
 
@@ -259,9 +283,14 @@ async fn an_operator_serves_an_uploaded_agent_restarts_from_the_cache_and_no_sec
         .await
         .unwrap();
     let shown = agents(&served.admin, &token, &["show", AGENT]);
-    call.end("completed");
     said.extend([metrics, shown]);
+    // Stopped with the call still on: its connection closes with 1000, so Sent sends it to the fallback.
     logs.push_str(&served.stop());
+    assert_eq!(
+        conn.closed(Duration::from_secs(5)).await.unwrap(),
+        "closed by the agent with 1000"
+    );
+    assert!(logs.contains("stopped"), "{logs}");
 
     // The resume tokens Sent handed out, from the simulator's own record.
     let resume_tokens: Vec<String> = sim
@@ -287,5 +316,55 @@ async fn an_operator_serves_an_uploaded_agent_restarts_from_the_cache_and_no_sec
         );
     }
     sim.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once_while_the_first_waits_for_a_slow_client() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("operator-signal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("voicehost.toml");
+    // One tenant with no agent: nothing connects anywhere; only the admin API listens.
+    let token = "vh_signal_test_token";
+    std::fs::write(dir.join("key"), KEY).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"data\"\nsent_url = \"ws://127.0.0.1:9/never\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
+             [[tenants]]\nid = \"t\"\ntoken_sha256 = \"{}\"\napi_key_file = \"{}\"\n",
+            voicehost::tenancy::token_sha256(token),
+            dir.join("key").display()
+        ),
+    )
+    .unwrap();
+    let served = Served::start(&config);
+    served.healthy().await;
+    // A client that starts an upload and never sends its body: the first signal's graceful stop waits
+    // for it (up to its grace period); the second does not.
+    let address = served.admin.trim_start_matches("http://").to_string();
+    let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut slow,
+        format!(
+            "POST /v1/agents/agent_x/versions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+             Content-Length: 1000000\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let (status, log) = tokio::task::spawn_blocking(move || served.stop_with(&["TERM", "TERM"]))
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{log}");
+    assert!(log.contains("a second signal: exiting at once"), "{log}");
+    // Not by the first signal's path, which ends in "stopped" or in the grace period's warning.
+    assert!(
+        !log.contains("stopped") && !log.contains("grace period"),
+        "{log}"
+    );
+    drop(slow);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,6 +7,9 @@
 //! * "bodies <n>": makes `n` outgoing requests, writes as much of each one's body as the host takes without
 //!   ever sending it, keeps them all, and says "kept <n> bodies, <bytes> bytes";
 //! * "random <n>": asks the host for `n` random bytes and says "got <n>";
+//! * "tool <n>": uses the tool `lookup` with arguments of about `n` bytes (`{"pad":"xxx…"}`) and says
+//!   "tool: ok", or "tool: " and why it was refused; "tool-name <n>": the same with a tool name of `n`
+//!   letters and no arguments;
 //! * "echo <text>": says `<text>`;
 //! * anything else: nothing.
 
@@ -59,6 +62,14 @@ impl Hoarder {
     }
 }
 
+/// "ok", or why the tool call was refused.
+fn said_of(answer: Result<voicehost_agent::ToolResult, voicehost_agent::Refused>) -> String {
+    match answer {
+        Ok(_) => "ok".into(),
+        Err(refused) => refused.name().to_string(),
+    }
+}
+
 fn count(text: &str) -> Result<u64, String> {
     text.parse().map_err(|e| format!("{text:?}: {e}"))
 }
@@ -93,6 +104,17 @@ impl Agent for Hoarder {
                 let n = count(argument)?;
                 let got = wasip2::random::random::get_random_bytes(n);
                 session.say(&format!("got {}", got.len()))?;
+            }
+            "tool" => {
+                let pad = "x".repeat(count(argument)? as usize);
+                let arguments = format!("{{\"pad\":\"{pad}\"}}");
+                let answer = session.tool_json("lookup", Some(&arguments));
+                session.say(&format!("tool: {}", said_of(answer)))?;
+            }
+            "tool-name" => {
+                let name = "a".repeat(count(argument)? as usize);
+                let answer = session.tool_json(&name, None);
+                session.say(&format!("tool: {}", said_of(answer)))?;
             }
             "echo" => session.say(argument)?,
             _ => {}
