@@ -2,7 +2,7 @@
 //! the `agent` world, pre-linked, and kept compiled in the cache.
 
 use super::imports::HostState;
-use super::{bindings, limits, TICK};
+use super::{bindings, limits, outbound, TICK};
 use crate::content::{write_atomically, Digest};
 use anyhow::Result;
 use std::hash::{Hash, Hasher};
@@ -51,6 +51,7 @@ impl Sandbox {
         bindings::Agent::add_to_linker::<HostState, HasSelf<HostState>>(&mut without_http, |s| s)?;
         let mut linker = without_http.clone();
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+        outbound::cap_request_strings(&mut linker)?;
         let ticker = engine.weak();
         std::thread::Builder::new()
             .name("voicehost-epoch".into())

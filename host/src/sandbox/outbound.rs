@@ -30,11 +30,61 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+use wasmtime::component::{Linker, Resource};
+use wasmtime::StoreContextMut;
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks, WasiHttpView};
 
 /// Requests in flight plus responses the guest has not finished reading, per instance. One more fails
 /// with `error-code::connection-limit-reached`.
 pub const MAX_OPEN_REQUESTS: usize = 16;
+
+/// The longest authority (`host:port`) an outgoing request may be given; longer is refused to the guest.
+/// wasmtime-wasi-http checks only its syntax, and keeps it on the host.
+pub const MAX_AUTHORITY_BYTES: usize = 512;
+
+/// The longest method an outgoing request may be given (an extension method is any token).
+pub const MAX_METHOD_BYTES: usize = 32;
+
+/// The version of `wasi:http` that wasmtime-wasi-http 48 links (its WIT's package); a guest's import of
+/// any `0.2.x` resolves to it.
+const WASI_HTTP_TYPES: &str = "wasi:http/types@0.2.12";
+
+/// Re-defines `set-authority` and `set-method` of `wasi:http/types` in `linker` (which has it) so that a
+/// value over [`MAX_AUTHORITY_BYTES`] or [`MAX_METHOD_BYTES`] is refused before the library keeps it.
+pub(super) fn cap_request_strings<T: WasiHttpView + 'static>(
+    linker: &mut Linker<T>,
+) -> wasmtime::Result<()> {
+    use wasmtime_wasi_http::p2::bindings::http::types::{
+        HostOutgoingRequest as _, Method, OutgoingRequest,
+    };
+    linker.allow_shadowing(true);
+    let mut types = linker.instance(WASI_HTTP_TYPES)?;
+    types.func_wrap(
+        "[method]outgoing-request.set-authority",
+        |mut store: StoreContextMut<'_, T>,
+         (request, authority): (Resource<OutgoingRequest>, Option<String>)| {
+            if authority
+                .as_ref()
+                .is_some_and(|a| a.len() > MAX_AUTHORITY_BYTES)
+            {
+                return Ok((Err(()),));
+            }
+            Ok((store.data_mut().http().set_authority(request, authority)?,))
+        },
+    )?;
+    types.func_wrap(
+        "[method]outgoing-request.set-method",
+        |mut store: StoreContextMut<'_, T>,
+         (request, method): (Resource<OutgoingRequest>, Method)| {
+            if matches!(&method, Method::Other(other) if other.len() > MAX_METHOD_BYTES) {
+                return Ok((Err(()),));
+            }
+            Ok((store.data_mut().http().set_method(request, method)?,))
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
 
 /// Where an agent may send HTTP requests, and how long and how large they may be.
 #[derive(Debug, Clone, PartialEq, Eq)]

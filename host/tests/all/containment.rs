@@ -7,6 +7,7 @@ use std::sync::Arc;
 use voicehost::agent::CallRules;
 use voicehost::call::{MAX_TOOL_ARGUMENTS_BYTES, MAX_TOOL_NAME_BYTES};
 use voicehost::sandbox::limits::{HTTP_BODY_CHUNK_BYTES, MAX_FIELDS_BYTES};
+use voicehost::sandbox::outbound::{MAX_AUTHORITY_BYTES, MAX_METHOD_BYTES};
 use voicehost::sandbox::{HttpPolicy, Limits, Origin, TrapKind};
 use voicehost_testkit::Host;
 
@@ -127,6 +128,21 @@ async fn tool_arguments_and_names_over_their_caps_are_refused_before_the_host_pa
     call.say(&format!("tool-name {}", MAX_TOOL_NAME_BYTES + 1));
     call.expect_say("tool: invalid").await.unwrap();
     still_answers(&mut call).await;
+    assert_eq!(host.stats.traps(), 0, "{}", host.stats);
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outgoing_requests_authority_and_method_over_their_caps_are_refused() {
+    let (host, mut call) = hoarder(with_http()).await;
+    call.say(&format!("authority {MAX_AUTHORITY_BYTES}"));
+    call.expect_say("authority: ok").await.unwrap();
+    call.say(&format!("authority {}", MAX_AUTHORITY_BYTES + 1));
+    call.expect_say("authority: refused").await.unwrap();
+    call.say(&format!("method {MAX_METHOD_BYTES}"));
+    call.expect_say("method: ok").await.unwrap();
+    call.say(&format!("method {}", MAX_METHOD_BYTES + 1));
+    call.expect_say("method: refused").await.unwrap();
     assert_eq!(host.stats.traps(), 0, "{}", host.stats);
     host.finish().await;
 }

@@ -10,13 +10,15 @@
 //! * "tool <n>": uses the tool `lookup` with arguments of about `n` bytes (`{"pad":"xxx…"}`) and says
 //!   "tool: ok", or "tool: " and why it was refused; "tool-name <n>": the same with a tool name of `n`
 //!   letters and no arguments;
+//! * "authority <n>": gives a new outgoing request an authority of `n` bytes, keeps the request, and says
+//!   "authority: ok" or "authority: refused"; "method <n>": the same with a method of `n` letters;
 //! * "echo <text>": says `<text>`;
 //! * anything else: nothing.
 
 use std::cell::RefCell;
 
 use voicehost_agent::{export_agent, Agent, Session, UserSaid};
-use wasip2::http::types::{Fields, OutgoingBody, OutgoingRequest};
+use wasip2::http::types::{Fields, Method, OutgoingBody, OutgoingRequest};
 use wasip2::io::streams::OutputStream;
 
 /// One header's value: 1 KiB.
@@ -27,6 +29,7 @@ const VALUE: [u8; 1024] = [b'x'; 1024];
 pub struct Hoarder {
     fields: RefCell<Vec<Fields>>,
     bodies: RefCell<Vec<(OutgoingRequest, OutgoingBody, OutputStream)>>,
+    requests: RefCell<Vec<OutgoingRequest>>,
 }
 
 impl Hoarder {
@@ -115,6 +118,26 @@ impl Agent for Hoarder {
                 let name = "a".repeat(count(argument)? as usize);
                 let answer = session.tool_json(&name, None);
                 session.say(&format!("tool: {}", said_of(answer)))?;
+            }
+            "authority" => {
+                let request = OutgoingRequest::new(Fields::new());
+                let authority = "a".repeat(count(argument)? as usize);
+                let set = request.set_authority(Some(&authority));
+                session.say(&format!(
+                    "authority: {}",
+                    if set.is_ok() { "ok" } else { "refused" }
+                ))?;
+                self.requests.borrow_mut().push(request);
+            }
+            "method" => {
+                let request = OutgoingRequest::new(Fields::new());
+                let method = Method::Other("A".repeat(count(argument)? as usize));
+                let set = request.set_method(&method);
+                session.say(&format!(
+                    "method: {}",
+                    if set.is_ok() { "ok" } else { "refused" }
+                ))?;
+                self.requests.borrow_mut().push(request);
             }
             "echo" => session.say(argument)?,
             _ => {}
