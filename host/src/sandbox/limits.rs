@@ -85,6 +85,7 @@ impl ResolvedLimits {
             ("cpu_ms", self.cpu_ms),
             ("wall_ms", self.wall_ms),
             ("component_mib", self.component_mib),
+            ("max_sessions", self.max_sessions as u64),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(LimitError {
@@ -134,5 +135,10 @@ mod tests {
             zero.check().unwrap_err().to_string(),
             "cpu_ms must be more than 0"
         );
+        let no_calls = ResolvedLimits {
+            max_sessions: 0,
+            ..DEFAULTS
+        };
+        assert_eq!(no_calls.check().unwrap_err().key, "max_sessions");
     }
 }
