@@ -52,6 +52,16 @@ async fn still_answers(call: &mut Call) {
     call.expect_say("alive").await.unwrap();
 }
 
+/// `command` traps the instance, once, as `kind`; a fresh one takes over and the call goes on.
+async fn traps_as(host: &Host, call: &mut Call, command: &str, kind: TrapKind) {
+    call.say(command);
+    still_answers(call).await;
+    let stats = &host.stats;
+    assert_eq!(stats.trapped(kind), 1, "{command}: {stats}");
+    assert_eq!(stats.traps(), 1, "{command}: {stats}");
+    assert_eq!(stats.restarts.get(), 1, "{command}: {stats}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_keeping_http_fields_traps_at_the_handle_cap_and_the_call_goes_on() {
     let (host, mut call) = hoarder(with_http()).await;
@@ -61,23 +71,20 @@ async fn a_guest_keeping_http_fields_traps_at_the_handle_cap_and_the_call_goes_o
         10 * 8 * 1024
     );
 
-    call.say("fields 100000 8");
-    still_answers(&mut call).await;
-    let stats = &host.stats;
-    assert_eq!(stats.trapped(TrapKind::HostResources), 1, "{stats}");
-    assert_eq!(stats.traps(), 1, "{stats}");
-    assert_eq!(stats.restarts.get(), 1, "{stats}");
+    traps_as(&host, &mut call, "fields 100000 8", TrapKind::HostResources).await;
     host.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_http_fields_filled_past_its_size_cap_traps() {
     let (host, mut call) = hoarder(with_http()).await;
-    call.say(&format!("fields 1 {}", MAX_FIELDS_BYTES / 1024));
-    still_answers(&mut call).await;
-    let stats = &host.stats;
-    assert_eq!(stats.trapped(TrapKind::HostResources), 1, "{stats}");
-    assert_eq!(stats.traps(), 1, "{stats}");
+    traps_as(
+        &host,
+        &mut call,
+        &format!("fields 1 {}", MAX_FIELDS_BYTES / 1024),
+        TrapKind::HostResources,
+    )
+    .await;
     host.finish().await;
 }
 
@@ -88,11 +95,7 @@ async fn unsent_request_bodies_hold_two_small_chunks_each_and_trap_at_the_handle
     let bytes = said_number(&mut call, "kept 10 bodies, ").await;
     assert!(bytes <= 10 * 2 * HTTP_BODY_CHUNK_BYTES, "{bytes}");
 
-    call.say("bodies 100000");
-    still_answers(&mut call).await;
-    let stats = &host.stats;
-    assert_eq!(stats.trapped(TrapKind::HostResources), 1, "{stats}");
-    assert_eq!(stats.traps(), 1, "{stats}");
+    traps_as(&host, &mut call, "bodies 100000", TrapKind::HostResources).await;
     host.finish().await;
 }
 
@@ -102,21 +105,14 @@ async fn random_bytes_over_the_cap_trap_instead_of_being_made() {
     call.say("random 4096");
     assert_eq!(said_number(&mut call, "got ").await, 4096);
 
-    call.say("random 1000000000");
-    still_answers(&mut call).await;
-    let stats = &host.stats;
-    assert_eq!(stats.traps(), 1, "{stats}");
+    traps_as(&host, &mut call, "random 1000000000", TrapKind::Other).await;
     host.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_allowed_no_origin_has_no_wasi_http_and_its_imports_trap() {
     let (host, mut call) = hoarder(CallRules::default()).await;
-    call.say("fields 1 1");
-    still_answers(&mut call).await;
-    let stats = &host.stats;
-    assert_eq!(stats.trapped(TrapKind::Other), 1, "{stats}");
-    assert_eq!(stats.traps(), 1, "{stats}");
+    traps_as(&host, &mut call, "fields 1 1", TrapKind::Other).await;
     host.finish().await;
 }
 
