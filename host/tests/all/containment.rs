@@ -4,6 +4,7 @@
 
 use sentsim::Call;
 use std::sync::Arc;
+use std::time::Duration;
 use voicehost::agent::CallRules;
 use voicehost::call::{MAX_TOOL_ARGUMENTS_BYTES, MAX_TOOL_NAME_BYTES};
 use voicehost::sandbox::limits::{HTTP_BODY_CHUNK_BYTES, MAX_FIELDS_BYTES};
@@ -11,12 +12,19 @@ use voicehost::sandbox::outbound::{MAX_AUTHORITY_BYTES, MAX_METHOD_BYTES};
 use voicehost::sandbox::{HttpPolicy, Limits, Origin, TrapKind};
 use voicehost_testkit::Host;
 
-/// Rules under which `wasi:http` is linked: one origin is allowed (nothing listens there; nothing is sent).
-fn with_http() -> CallRules {
+/// Rules for the hoarder: with `wasi:http` linked (one origin allowed; nothing listens there, nothing is
+/// sent) or not, and a CPU budget of 10 s per handler call, so that on a loaded machine only the cap under
+/// test stops the guest, never its CPU deadline.
+fn rules(http: bool) -> CallRules {
     let origin: Origin = "http://127.0.0.1:9".parse().unwrap();
+    let http = match http {
+        true => HttpPolicy::allowing([origin]),
+        false => HttpPolicy::default(),
+    };
     CallRules {
         limits: Limits {
-            http: Arc::new(HttpPolicy::allowing([origin])),
+            http: Arc::new(http),
+            cpu_per_call: Duration::from_secs(10),
             ..Limits::default()
         },
         ..CallRules::default()
@@ -64,7 +72,7 @@ async fn traps_as(host: &Host, call: &mut Call, command: &str, kind: TrapKind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_keeping_http_fields_traps_at_the_handle_cap_and_the_call_goes_on() {
-    let (host, mut call) = hoarder(with_http()).await;
+    let (host, mut call) = hoarder(rules(true)).await;
     call.say("fields 10 8");
     assert_eq!(
         said_number(&mut call, "kept 10 fields, ").await,
@@ -77,7 +85,7 @@ async fn a_guest_keeping_http_fields_traps_at_the_handle_cap_and_the_call_goes_o
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_http_fields_filled_past_its_size_cap_traps() {
-    let (host, mut call) = hoarder(with_http()).await;
+    let (host, mut call) = hoarder(rules(true)).await;
     traps_as(
         &host,
         &mut call,
@@ -90,7 +98,7 @@ async fn one_http_fields_filled_past_its_size_cap_traps() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsent_request_bodies_hold_two_small_chunks_each_and_trap_at_the_handle_cap() {
-    let (host, mut call) = hoarder(with_http()).await;
+    let (host, mut call) = hoarder(rules(true)).await;
     call.say("bodies 10");
     let bytes = said_number(&mut call, "kept 10 bodies, ").await;
     assert!(bytes <= 10 * 2 * HTTP_BODY_CHUNK_BYTES, "{bytes}");
@@ -101,7 +109,7 @@ async fn unsent_request_bodies_hold_two_small_chunks_each_and_trap_at_the_handle
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_bytes_over_the_cap_trap_instead_of_being_made() {
-    let (host, mut call) = hoarder(CallRules::default()).await;
+    let (host, mut call) = hoarder(rules(false)).await;
     call.say("random 4096");
     assert_eq!(said_number(&mut call, "got ").await, 4096);
 
@@ -111,14 +119,14 @@ async fn random_bytes_over_the_cap_trap_instead_of_being_made() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_allowed_no_origin_has_no_wasi_http_and_its_imports_trap() {
-    let (host, mut call) = hoarder(CallRules::default()).await;
+    let (host, mut call) = hoarder(rules(false)).await;
     traps_as(&host, &mut call, "fields 1 1", TrapKind::Other).await;
     host.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_arguments_and_names_over_their_caps_are_refused_before_the_host_parses_them() {
-    let (host, mut call) = hoarder(CallRules::default()).await;
+    let (host, mut call) = hoarder(rules(false)).await;
     call.say(&format!("tool {}", MAX_TOOL_ARGUMENTS_BYTES + 1));
     call.expect_say("tool: over-limit").await.unwrap();
     call.say(&format!("tool-name {}", MAX_TOOL_NAME_BYTES + 1));
@@ -130,7 +138,7 @@ async fn tool_arguments_and_names_over_their_caps_are_refused_before_the_host_pa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outgoing_requests_authority_and_method_over_their_caps_are_refused() {
-    let (host, mut call) = hoarder(with_http()).await;
+    let (host, mut call) = hoarder(rules(true)).await;
     call.say(&format!("authority {MAX_AUTHORITY_BYTES}"));
     call.expect_say("authority: ok").await.unwrap();
     call.say(&format!("authority {}", MAX_AUTHORITY_BYTES + 1));
