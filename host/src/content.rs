@@ -65,21 +65,65 @@ impl<'de> Deserialize<'de> for Digest {
     }
 }
 
-/// Writes next to the final name, flushes to disk, then renames: a reader sees the whole file or none, even
-/// after a crash.
+/// Writes next to the final name, flushes to disk, renames, then flushes the directory: a reader sees the
+/// whole file or none, even after a crash, and the new name survives one.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
-    let partial = path.with_extension(format!("partial-{}", std::process::id()));
+    let partial = path.with_extension(format!("{PARTIAL}{}", std::process::id()));
     let mut file = std::fs::File::create(&partial)?;
     file.write_all(bytes)?;
     file.sync_all()?;
     drop(file);
-    std::fs::rename(&partial, path)
+    std::fs::rename(&partial, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// What the name of a file being written by [`write_atomically`] has in its extension, before the pid.
+const PARTIAL: &str = "partial-";
+
+/// Removes what writes cut short left in `dir` (a process killed between writing and renaming); returns how
+/// many. Only for a directory no other writer is using at the time (a store or cache being opened).
+pub fn remove_partials(dir: &Path) -> std::io::Result<usize> {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let partial = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e.starts_with(PARTIAL));
+        if partial && path.is_file() {
+            std::fs::remove_file(&path)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_killed_write_left_is_removed_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("voicehost-partials-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        write_atomically(&dir.join("index.json"), b"{}").unwrap();
+        std::fs::write(dir.join("ab.wasm"), b"kept").unwrap();
+        std::fs::write(dir.join("cd.partial-4242"), b"cut short").unwrap();
+        std::fs::write(dir.join("index.partial-17"), b"cut short").unwrap();
+        assert_eq!(remove_partials(&dir).unwrap(), 2);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["ab.wasm", "index.json"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn only_a_sha256_digest_parses() {

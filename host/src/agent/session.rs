@@ -78,6 +78,13 @@ impl Port {
     }
 }
 
+/// What one saved entry costs against the call's state bound: its key and value, and what the map keeps
+/// for every entry (so that many tiny keys cannot cost the host more than the bound says).
+fn saved_bytes(key: &str, value: &[u8]) -> usize {
+    const PER_ENTRY: usize = 64;
+    PER_ENTRY + key.len() + value.len()
+}
+
 impl GuestImports for Port {
     fn info(&self) -> CallInfo {
         self.info.clone()
@@ -162,9 +169,9 @@ impl GuestImports for Port {
         let used: usize = saved
             .iter()
             .filter(|(k, _)| **k != key)
-            .map(|(k, v)| k.len() + v.len())
+            .map(|(k, v)| saved_bytes(k, v))
             .sum();
-        if used + key.len() + value.len() > self.state_bytes {
+        if used + saved_bytes(&key, &value) > self.state_bytes {
             return Err(wit::Refused::OverLimit);
         }
         saved.insert(key, value);

@@ -3,7 +3,7 @@
 
 use super::imports::HostState;
 use super::{bindings, limits, outbound, TICK};
-use crate::content::{write_atomically, Digest};
+use crate::content::{remove_partials, write_atomically, Digest};
 use anyhow::Result;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -71,9 +71,21 @@ impl Sandbox {
     }
 
     /// Keeps what it compiles in `dir`, by the hash of the component and of the engine's settings, so a
-    /// large component (Python, JavaScript) is compiled once per host, not once per start.
+    /// large component (Python, JavaScript) is compiled once per host, not once per start. What compiles
+    /// cut short by a crash left there is removed.
     pub fn with_cache(mut self, dir: impl Into<PathBuf>) -> Sandbox {
-        self.cache = Some(dir.into());
+        let dir = dir.into();
+        match remove_partials(&dir) {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::info!(dir = %dir.display(), removed, "removed files left by writes cut short")
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "could not clean the compiled cache")
+            }
+        }
+        self.cache = Some(dir);
         self
     }
 

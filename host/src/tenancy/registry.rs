@@ -3,7 +3,7 @@
 //! the index is written whole and atomically: after a crash the registry is the one before or after it.
 
 use crate::call::FailurePolicy;
-use crate::content::{write_atomically, Digest};
+use crate::content::{remove_partials, write_atomically, Digest};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -43,10 +43,14 @@ pub struct DiskStore {
 }
 
 impl DiskStore {
-    /// A store in `dir`, created if missing.
+    /// A store in `dir`, created if missing; what writes cut short by a crash left there is removed.
     pub fn new(dir: impl Into<PathBuf>) -> Result<DiskStore, StoreError> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir)?;
+        let removed = remove_partials(&dir)?;
+        if removed > 0 {
+            tracing::info!(dir = %dir.display(), removed, "removed files left by writes cut short");
+        }
         Ok(DiskStore { dir })
     }
 
@@ -63,7 +67,9 @@ impl ComponentStore for DiskStore {
     fn put(&self, wasm: &[u8]) -> Result<Digest, StoreError> {
         let digest = Digest::of(wasm);
         let path = self.path(&digest);
-        if !path.exists() {
+        // A file already there is kept only if it holds these very bytes: one damaged since is written
+        // again, not served as this upload.
+        if std::fs::read(&path).map_or(true, |kept| kept != wasm) {
             write_atomically(&path, wasm)?;
         }
         Ok(digest)
@@ -431,13 +437,16 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_digest_is_not_found_and_a_damaged_file_is_refused() {
+    fn an_unknown_digest_is_not_found_and_a_damaged_file_is_refused_then_repaired_by_its_bytes() {
         let store = store("damaged");
         let unknown = Digest::of(b"never stored");
         assert!(matches!(store.get(&unknown), Err(StoreError::NotFound(_))));
         let digest = store.put(b"original").unwrap();
         std::fs::write(store.path(&digest), b"tampered").unwrap();
         assert!(matches!(store.get(&digest), Err(StoreError::Corrupt(_))));
+        // The same bytes uploaded again repair it, rather than being taken for already kept.
+        assert_eq!(store.put(b"original").unwrap(), digest);
+        assert_eq!(store.get(&digest).unwrap(), b"original");
     }
 
     fn registry(name: &str) -> Registry {
