@@ -4,6 +4,7 @@
 use super::engine::AgentCode;
 use super::guest_log::{clip, GuestOutput};
 use super::imports::HostState;
+use super::limits::{MAX_COMPONENT_HANDLES, MAX_HOSTCALL_BYTES};
 use super::trap::{classify, TrapKind, TrapReport};
 use super::wit::{SessionEnd, ToolResult, UnknownFrame, UserSaid};
 use super::{bindings, GuestImports, Limits};
@@ -141,6 +142,8 @@ async fn instantiate(
     let state = HostState::new(imports, limits, output);
     let mut store = Store::new(&code.engine, state);
     store.limiter(|state| state);
+    store.set_hostcall_fuel(MAX_HOSTCALL_BYTES);
+    store.set_max_component_handles(MAX_COMPONENT_HANDLES);
     store.epoch_deadline_callback(|mut context| {
         let state = context.data_mut();
         state.cpu_used += 1;

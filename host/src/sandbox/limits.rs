@@ -61,6 +61,15 @@ pub const HTTP_BODY_CHUNK_BYTES: usize = 16 << 10;
 /// guest's memory takes them. More traps the instance.
 pub const MAX_RANDOM_BYTES: u64 = 1 << 20;
 
+/// The most data one call from the guest to the host may carry (a `say`'s text, a `send-audio`'s samples,
+/// a `log` line, …): the host copies it out of the guest before any other check, in time not charged to
+/// the guest's CPU. More traps the instance (`host_resources`). 4 MiB is two minutes of 16 kHz audio.
+pub const MAX_HOSTCALL_BYTES: usize = 4 << 20;
+
+/// Component-model handles an instance may hold at once (to host resources and its own): a guest makes
+/// these without host code in the loop (`resource.new`). More traps the instance.
+pub const MAX_COMPONENT_HANDLES: usize = 1_000;
+
 /// A limit the engine cannot run: its key in `voicehost.toml` (`run`'s flag is the same with `-`), and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{key} {problem}")]

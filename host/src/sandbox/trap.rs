@@ -18,8 +18,9 @@ pub enum TrapKind {
     Memory,
     /// The guest's call stack overflowed.
     StackOverflow,
-    /// The instance held more handles on the host than [`super::limits::MAX_HANDLES`], or filled a
-    /// `wasi:http` fields past [`super::limits::MAX_FIELDS_BYTES`].
+    /// The instance held more handles on the host than [`super::limits::MAX_HANDLES`], filled a
+    /// `wasi:http` fields past [`super::limits::MAX_FIELDS_BYTES`], or passed the host more than
+    /// [`super::limits::MAX_HOSTCALL_BYTES`] in one call.
     HostResources,
     /// Any other trap, or an instance that could not be made.
     Other,
@@ -72,6 +73,12 @@ pub(super) fn classify(error: &wasmtime::Error, memory: bool) -> TrapKind {
             Some(FieldMapError::TotalSizeTooBig | FieldMapError::TooManyFields)
         )
     });
+    // wasmtime's error for a host call carrying more than `MAX_HOSTCALL_BYTES` is a private type: known
+    // by its message (a test pins it).
+    let over_a_cap = over_a_cap
+        || error
+            .chain()
+            .any(|cause| cause.to_string().contains("fuel allocated for hostcalls"));
     if over_a_cap {
         return TrapKind::HostResources;
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use voicehost::agent::CallRules;
 use voicehost::call::{MAX_TOOL_ARGUMENTS_BYTES, MAX_TOOL_NAME_BYTES};
-use voicehost::sandbox::limits::{HTTP_BODY_CHUNK_BYTES, MAX_FIELDS_BYTES};
+use voicehost::sandbox::limits::{HTTP_BODY_CHUNK_BYTES, MAX_FIELDS_BYTES, MAX_HOSTCALL_BYTES};
 use voicehost::sandbox::outbound::{MAX_AUTHORITY_BYTES, MAX_METHOD_BYTES};
 use voicehost::sandbox::{HttpPolicy, Limits, Origin, TrapKind};
 use voicehost_testkit::Host;
@@ -148,5 +148,18 @@ async fn an_outgoing_requests_authority_and_method_over_their_caps_are_refused()
     call.say(&format!("method {}", MAX_METHOD_BYTES + 1));
     call.expect_say("method: refused").await.unwrap();
     assert_eq!(host.stats.traps(), 0, "{}", host.stats);
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_host_call_carrying_more_than_the_cap_traps_before_the_host_copies_it() {
+    let (host, mut call) = hoarder(rules(false)).await;
+    traps_as(
+        &host,
+        &mut call,
+        &format!("say {}", MAX_HOSTCALL_BYTES + 1),
+        TrapKind::HostResources,
+    )
+    .await;
     host.finish().await;
 }

@@ -12,6 +12,7 @@
 //!   letters and no arguments;
 //! * "authority <n>": gives a new outgoing request an authority of `n` bytes, keeps the request, and says
 //!   "authority: ok" or "authority: refused"; "method <n>": the same with a method of `n` letters;
+//! * "say <n>": says `n` letters in one `say` (the host copies them out before any check);
 //! * "echo <text>": says `<text>`;
 //! * anything else: nothing.
 
@@ -139,6 +140,7 @@ impl Agent for Hoarder {
                 ))?;
                 self.requests.borrow_mut().push(request);
             }
+            "say" => session.say(&"a".repeat(count(argument)? as usize))?,
             "echo" => session.say(argument)?,
             _ => {}
         }
