@@ -43,7 +43,7 @@ impl Sandbox {
         pool.max_memory_size((limits::MAX_MEMORY_MIB as usize) << 20);
         pool.max_component_instance_size(1 << 20);
         pool.max_core_instance_size(1 << 20);
-        pool.table_elements(100_000);
+        pool.table_elements(limits::MAX_TABLE_ELEMENTS);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
         let mut without_http: Linker<HostState> = Linker::new(&engine);

@@ -2,7 +2,7 @@
 //! imports reach the call through [`GuestImports`], and the meters behind the limits.
 
 use super::guest_log::GuestOutput;
-use super::limits::{MAX_FIELDS_BYTES, MAX_HANDLES, MAX_RANDOM_BYTES};
+use super::limits::{MAX_FIELDS_BYTES, MAX_HANDLES, MAX_RANDOM_BYTES, MAX_TABLE_ELEMENTS};
 use super::outbound::PolicyHooks;
 use super::wit::{Call, Level, Refused, ToolResult};
 use super::{bindings, ticks, GuestImports, Limits};
@@ -110,7 +110,7 @@ impl ResourceLimiter for HostState {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= 100_000)
+        Ok(desired <= MAX_TABLE_ELEMENTS)
     }
 }
 

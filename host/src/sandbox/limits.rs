@@ -66,6 +66,9 @@ pub const MAX_RANDOM_BYTES: u64 = 1 << 20;
 /// the guest's CPU. More traps the instance (`host_resources`). 4 MiB is two minutes of 16 kHz audio.
 pub const MAX_HOSTCALL_BYTES: usize = 4 << 20;
 
+/// Elements one table of an instance may grow to (the pool reserves this many per table slot).
+pub const MAX_TABLE_ELEMENTS: usize = 100_000;
+
 /// Component-model handles an instance may hold at once (to host resources and its own): a guest makes
 /// these without host code in the loop (`resource.new`). More traps the instance.
 pub const MAX_COMPONENT_HANDLES: usize = 1_000;

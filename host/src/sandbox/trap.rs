@@ -63,7 +63,8 @@ pub(super) fn classify(error: &wasmtime::Error, memory: bool) -> TrapKind {
         return TrapKind::Memory;
     }
     // A host call over one of the instance's caps returns its error up through the guest, under context
-    // (the import's, the backtrace's): look through the whole chain.
+    // (the import's, the backtrace's): look through the whole chain. wasmtime's error for a host call
+    // carrying more than `MAX_HOSTCALL_BYTES` is a private type, known by its message (a test pins it).
     let over_a_cap = error.chain().any(|cause| {
         matches!(
             cause.downcast_ref::<ResourceTableError>(),
@@ -71,14 +72,8 @@ pub(super) fn classify(error: &wasmtime::Error, memory: bool) -> TrapKind {
         ) || matches!(
             cause.downcast_ref::<FieldMapError>(),
             Some(FieldMapError::TotalSizeTooBig | FieldMapError::TooManyFields)
-        )
+        ) || cause.to_string().contains("fuel allocated for hostcalls")
     });
-    // wasmtime's error for a host call carrying more than `MAX_HOSTCALL_BYTES` is a private type: known
-    // by its message (a test pins it).
-    let over_a_cap = over_a_cap
-        || error
-            .chain()
-            .any(|cause| cause.to_string().contains("fuel allocated for hostcalls"));
     if over_a_cap {
         return TrapKind::HostResources;
     }
