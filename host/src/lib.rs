@@ -32,10 +32,10 @@ mod layering {
     use std::collections::BTreeMap;
     use std::path::Path;
 
-    /// The modules bottom up, as the crate's doc lists them; `logging` and `fuzzing` sit beside them.
+    /// The modules bottom up, as the crate's doc lists them; `logging` sits beside them, `fuzzing` above them all.
     const ORDER: &[&str] = &[
-        "protocol", "logging", "content", "sandbox", "stats", "call", "agent", "fuzzing",
-        "tenancy", "api", "cli",
+        "protocol", "logging", "content", "sandbox", "stats", "call", "agent", "tenancy", "api",
+        "cli", "fuzzing",
     ];
 
     /// Every `crate::<module>` a top-level module's files name, comments left out.

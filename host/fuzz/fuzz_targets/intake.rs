@@ -1,10 +1,10 @@
 //! The host's intake and call core under libFuzzer: the input is a sequence of operations (what Sent sends,
-//! connections, the clock, the guests' requests) that `voicehost::fuzzing` runs against the agent's router,
+//! connections, the clock, the guests' requests) that `voicehost::fuzzing::intake` runs against the agent's router,
 //! checking its rules after each. `scripts/fuzz` runs it; the corpus is replayed by `cargo test`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    voicehost::fuzzing::run(data);
+    voicehost::fuzzing::intake::run(data);
 });

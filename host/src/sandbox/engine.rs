@@ -1,6 +1,7 @@
 //! The engine all agents share, with the host's imports linked, and compiling: a component checked against
 //! the `agent` world, pre-linked, and kept compiled in the cache.
 
+use super::guest_log::clip;
 use super::imports::HostState;
 use super::{bindings, limits, outbound, TICK};
 use crate::content::{remove_partials, write_atomically, Digest};
@@ -98,12 +99,11 @@ impl Sandbox {
     /// [`Sandbox::load`] for a component whose digest the caller has just checked (the registry does on
     /// every read), so an 18 MB component is not hashed twice on a restart.
     pub fn load_digested(&self, wasm: &[u8], digest: &Digest) -> Result<AgentCode, LoadError> {
-        match wasm.get(..8) {
-            Some([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00]) => {
-                return Err(LoadError::CoreModule)
-            }
-            Some([0x00, 0x61, 0x73, 0x6d, ..]) => {}
-            _ => return Err(LoadError::NotWasm),
+        if !wasm.starts_with(b"\0asm") {
+            return Err(LoadError::NotWasm);
+        }
+        if wasm.get(4..8) == Some(&[0x01, 0x00, 0x00, 0x00]) {
+            return Err(LoadError::CoreModule);
         }
         let path = self.cache_path(digest);
         let cached = path.as_deref().and_then(|path| self.cached(path));
@@ -111,21 +111,21 @@ impl Sandbox {
         let component = match cached {
             Some(component) => component,
             None => Component::from_binary(&self.engine, wasm)
-                .map_err(|e| LoadError::Invalid(format!("{e:#}")))?,
+                .map_err(|e| LoadError::Invalid(detail(e)))?,
         };
         let pre = self
             .linker
             .instantiate_pre(&component)
-            .map_err(|e| LoadError::WrongWorld(format!("its imports: {e:#}")))?;
+            .map_err(|e| LoadError::WrongWorld(format!("its imports: {}", detail(e))))?;
         let pre = bindings::AgentPre::new(pre)
-            .map_err(|e| LoadError::WrongWorld(format!("its exports: {e:#}")))?;
+            .map_err(|e| LoadError::WrongWorld(format!("its exports: {}", detail(e))))?;
         // It fits the world with `wasi:http`; without it, the only imports left undefined are
         // `wasi:http`'s, which trap when called (an agent allowed no origin gets nothing of it).
         let mut without_http = (*self.without_http).clone();
         let pre_without_http = trap_http_imports(&mut without_http, &component)
             .and_then(|()| without_http.instantiate_pre(&component))
             .and_then(bindings::AgentPre::new)
-            .map_err(|e| LoadError::WrongWorld(format!("without wasi:http: {e:#}")))?;
+            .map_err(|e| LoadError::WrongWorld(format!("without wasi:http: {}", detail(e))))?;
         if let (Some(path), false) = (path, from_cache) {
             if let Err(error) = store_atomically(&path, &component) {
                 tracing::warn!(path = %path.display(), error = %format!("{error:#}"), "could not cache a compiled component");
@@ -219,6 +219,18 @@ fn trap_http_imports(
         }
     }
     Ok(())
+}
+
+/// wasmtime's reason for refusing a component, cut to [`MAX_LINE`](super::guest_log::MAX_LINE) bytes: it may quote the component's own
+/// names (of any length), and it goes back to the uploader and into the log.
+fn detail(error: wasmtime::Error) -> String {
+    let text = format!("{error:#}");
+    let clipped = clip(&text);
+    if clipped.len() < text.len() {
+        format!("{clipped}…")
+    } else {
+        text
+    }
 }
 
 /// Why a component cannot serve as an agent.

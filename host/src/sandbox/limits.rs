@@ -89,34 +89,55 @@ impl ResolvedLimits {
         self.component_mib << 20
     }
 
-    /// What in these limits the engine cannot run, or that would leave every call unservable, said as
-    /// the setting's name and the bound.
+    /// What in these limits the engine cannot run, or that would leave every call unservable or nothing
+    /// bounded, said as the setting's name and the bound: every value is from 1 to its maximum in
+    /// [`MAXIMA`].
     pub fn check(&self) -> Result<(), LimitError> {
-        let positive = [
-            ("memory_mib", self.memory_mib),
-            ("cpu_ms", self.cpu_ms),
-            ("wall_ms", self.wall_ms),
-            ("component_mib", self.component_mib),
-            ("max_sessions", self.max_sessions as u64),
+        let values = [
+            self.memory_mib,
+            self.cpu_ms,
+            self.wall_ms,
+            self.max_sessions as u64,
+            u64::from(self.log_lines_per_second),
+            self.component_mib,
         ];
-        if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
-            return Err(LimitError {
-                key: name,
-                problem: "must be more than 0".into(),
-            });
-        }
-        if self.memory_mib > MAX_MEMORY_MIB {
-            return Err(LimitError {
-                key: "memory_mib",
-                problem: format!(
-                    "= {} is over the engine's cap of {MAX_MEMORY_MIB} MiB per memory",
-                    self.memory_mib
-                ),
-            });
+        for ((key, max, why), value) in MAXIMA.iter().zip(values) {
+            if value == 0 {
+                return Err(LimitError {
+                    key,
+                    problem: "must be more than 0".into(),
+                });
+            }
+            if value > *max {
+                return Err(LimitError {
+                    key,
+                    problem: format!("= {value} is over its maximum, {max} ({why})"),
+                });
+            }
         }
         Ok(())
     }
 }
+
+/// The most each limit may be set to, with why, in [`ResolvedLimits`]' order: past these a setting no
+/// longer bounds anything (and values near `u64::MAX` would overflow where they are turned into bytes or
+/// deadlines).
+pub const MAXIMA: [(&str, u64, &str); 6] = [
+    (
+        "memory_mib",
+        MAX_MEMORY_MIB,
+        "the pool reserves this much address space per memory",
+    ),
+    ("cpu_ms", 60_000, "a minute of CPU for one handler call"),
+    ("wall_ms", 3_600_000, "an hour for one handler call"),
+    ("max_sessions", 100_000, "calls at once"),
+    ("log_lines_per_second", 1_000, "guest log lines per call"),
+    (
+        "component_mib",
+        1_024,
+        "an upload is held in memory while it is checked",
+    ),
+];
 
 #[cfg(test)]
 mod tests {
@@ -152,5 +173,27 @@ mod tests {
             ..DEFAULTS
         };
         assert_eq!(no_calls.check().unwrap_err().key, "max_sessions");
+    }
+
+    #[test]
+    fn each_limit_is_accepted_at_its_maximum_and_refused_past_it() {
+        for (at, (key, max, _)) in MAXIMA.iter().enumerate() {
+            let set = |value: u64| {
+                let mut limits = DEFAULTS;
+                match at {
+                    0 => limits.memory_mib = value,
+                    1 => limits.cpu_ms = value,
+                    2 => limits.wall_ms = value,
+                    3 => limits.max_sessions = value as usize,
+                    4 => limits.log_lines_per_second = value as u32,
+                    _ => limits.component_mib = value,
+                }
+                limits
+            };
+            assert_eq!(set(*max).check(), Ok(()), "{key} at its maximum");
+            let error = set(max + 1).check().unwrap_err();
+            assert_eq!(error.key, *key);
+            assert!(error.problem.contains("over its maximum"), "{error}");
+        }
     }
 }

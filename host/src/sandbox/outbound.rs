@@ -97,6 +97,14 @@ pub struct HttpPolicy {
     pub max_response_bytes: u64,
 }
 
+/// The longest [`HttpPolicy::timeout`] a config may set: a request waited on longer holds its call's
+/// handler (whose own bound is `wall_ms`).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The largest [`HttpPolicy::max_response_bytes`] a config may set: the host holds a response whole before
+/// the guest reads it, once per open response (at most [`super::limits::MAX_HANDLES`] of them).
+pub const MAX_RESPONSE_BYTES: u64 = 64 << 20;
+
 impl Default for HttpPolicy {
     /// Nothing allowed; 10 s and 1 MiB for when something is.
     fn default() -> Self {

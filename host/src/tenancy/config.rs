@@ -1,12 +1,13 @@
 //! `voicehost.toml`: where the host keeps its data, where the admin API listens, where Sent is, the tenants
 //! and their limits. Every table refuses unknown keys, so a typo is an error at start, not a silent default.
 
-use crate::agent::ApiKey;
+use crate::agent::{ApiKey, Dial};
 use crate::sandbox::limits::{self, ResolvedLimits};
-use crate::sandbox::outbound::{HttpPolicy, Origin};
+use crate::sandbox::outbound::{self, HttpPolicy, Origin};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
+use std::io::Read as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ pub struct ServeConfig {
     /// Sent's connect endpoint.
     #[serde(default = "default_sent_url")]
     pub sent_url: String,
-    /// Connections to Sent per active agent.
+    /// Connections to Sent per active agent, 1 to [`MAX_CONNECTIONS`].
     #[serde(default = "default_connections")]
     pub connections: usize,
     /// The admin API's listener and the `/metrics` token (`[admin]`).
@@ -238,6 +239,99 @@ fn default_connections() -> usize {
     1
 }
 
+/// The most connections to Sent one agent may keep (`connections`): more add nothing but sockets.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// The longest Sent API key read from a tenant's file: a file longer than this is not a key.
+pub const MAX_API_KEY_BYTES: usize = 4 << 10;
+
+/// Where a tenant's Sent API key is, as its config says.
+#[derive(Debug, Clone, Copy)]
+pub enum KeySource<'a> {
+    /// In this environment variable (`api_key_env`).
+    Env(&'a str),
+    /// In this file (`api_key_file`).
+    File(&'a Path),
+}
+
+impl KeySource<'_> {
+    /// Reads the key: the variable, or the file's first [`MAX_API_KEY_BYTES`] bytes, trimmed.
+    pub fn read(self) -> anyhow::Result<String> {
+        match self {
+            KeySource::Env(var) => std::env::var(var)
+                .map_err(|_| anyhow::anyhow!("the environment variable {var} is not set")),
+            KeySource::File(path) => {
+                let mut text = String::new();
+                std::fs::File::open(path)
+                    .and_then(|file| {
+                        file.take(MAX_API_KEY_BYTES as u64 + 1)
+                            .read_to_string(&mut text)
+                    })
+                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+                anyhow::ensure!(
+                    text.len() <= MAX_API_KEY_BYTES,
+                    "{} is longer than a key ({MAX_API_KEY_BYTES} bytes)",
+                    path.display()
+                );
+                Ok(text.trim().to_string())
+            }
+        }
+    }
+}
+
+impl TenantConfig {
+    /// Where its key is: exactly one of `api_key_env` and `api_key_file`.
+    fn key_source(&self) -> anyhow::Result<KeySource<'_>> {
+        match (&self.api_key_env, &self.api_key_file) {
+            (Some(var), None) => Ok(KeySource::Env(var)),
+            (None, Some(file)) => Ok(KeySource::File(file)),
+            _ => {
+                anyhow::bail!("give its Sent API key as exactly one of api_key_env or api_key_file")
+            }
+        }
+    }
+}
+
+impl HttpConfig {
+    /// The policy these settings make, each checked against its maximum.
+    fn policy(&self) -> anyhow::Result<HttpPolicy> {
+        let mut allow = Vec::new();
+        for origin in &self.allow {
+            allow.push(
+                Origin::parse(origin).map_err(|e| anyhow::anyhow!("http.allow {origin:?}: {e}"))?,
+            );
+        }
+        let default = HttpPolicy::default();
+        let timeout = match self.timeout_ms {
+            None => default.timeout,
+            Some(ms) => {
+                let max = outbound::MAX_TIMEOUT.as_millis();
+                anyhow::ensure!(
+                    (1..=max).contains(&u128::from(ms)),
+                    "http.timeout_ms = {ms}: use 1 to {max}"
+                );
+                Duration::from_millis(ms)
+            }
+        };
+        let max_response_bytes = match self.max_response_kib {
+            None => default.max_response_bytes,
+            Some(kib) => {
+                let max = outbound::MAX_RESPONSE_BYTES >> 10;
+                anyhow::ensure!(
+                    (1..=max).contains(&kib),
+                    "http.max_response_kib = {kib}: use 1 to {max}"
+                );
+                kib << 10
+            }
+        };
+        Ok(HttpPolicy {
+            allow,
+            timeout,
+            max_response_bytes,
+        })
+    }
+}
+
 /// Whether an agent id is one Sent can know: `agent_` and letters, digits or `-` (the protocol's
 /// `^agent_[A-Za-z0-9-]+$`), at most 64 in all.
 pub fn valid_agent_id(id: &str) -> bool {
@@ -265,14 +359,28 @@ impl ServeConfig {
     pub fn read(path: &Path) -> anyhow::Result<ServeConfig> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-        let mut config: ServeConfig = toml::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("{} is not a valid config: {e}", path.display()))?;
+        let mut config = ServeConfig::parse(&text)
+            .map_err(|e| anyhow::anyhow!("{} is not a valid config: {e:#}", path.display()))?;
         // A relative data directory is relative to the config file, not to wherever the host was started.
         if config.data_dir.is_relative() {
             if let Some(dir) = path.parent() {
                 config.data_dir = dir.join(&config.data_dir);
             }
         }
+        Ok(config)
+    }
+
+    /// Parses a config's text and checks its host-wide settings (the Sent URL, the connections per agent,
+    /// the `/metrics` token); the tenants are checked by [`ServeConfig::tenants()`].
+    pub fn parse(text: &str) -> anyhow::Result<ServeConfig> {
+        let config: ServeConfig = toml::from_str(text)?;
+        Dial::check_url(&config.sent_url).map_err(|e| anyhow::anyhow!("sent_url: {e}"))?;
+        anyhow::ensure!(
+            (1..=MAX_CONNECTIONS).contains(&config.connections),
+            "connections = {}: use 1 to {MAX_CONNECTIONS}",
+            config.connections
+        );
+        config.metrics_token()?;
         Ok(config)
     }
 
@@ -288,6 +396,14 @@ impl ServeConfig {
     /// The tenants, with their API keys read from the environment or their files and their limits resolved.
     /// Every problem is named with its tenant, never with a secret.
     pub fn tenants(&self) -> anyhow::Result<Vec<Tenant>> {
+        self.tenants_with(|source| source.read())
+    }
+
+    /// [`ServeConfig::tenants()`], with the keys read by `read_key` (the fuzzing harness reads none).
+    pub fn tenants_with(
+        &self,
+        read_key: impl Fn(KeySource<'_>) -> anyhow::Result<String>,
+    ) -> anyhow::Result<Vec<Tenant>> {
         let mut seen = std::collections::HashSet::new();
         let mut tenants = Vec::new();
         for tenant in &self.tenants {
@@ -301,26 +417,18 @@ impl ServeConfig {
                 &tenant.token_sha256,
                 &format!("tenant {id:?}: token_sha256"),
             )?;
-            let api_key = match (&tenant.api_key_env, &tenant.api_key_file) {
-                (Some(var), None) => std::env::var(var).map_err(|_| {
-                    anyhow::anyhow!("tenant {id:?}: the environment variable {var} (its Sent API key) is not set")
-                })?,
-                (None, Some(file)) => std::fs::read_to_string(file)
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "tenant {id:?}: cannot read its Sent API key from {}: {e}",
-                            file.display()
-                        )
-                    })?
-                    .trim()
-                    .to_string(),
-                _ => anyhow::bail!(
-                    "tenant {id:?}: give its Sent API key as exactly one of api_key_env or api_key_file"
-                ),
-            };
+            let api_key = tenant
+                .key_source()
+                .and_then(&read_key)
+                .map_err(|e| anyhow::anyhow!("tenant {id:?}: its Sent API key: {e:#}"))?;
             anyhow::ensure!(
                 !api_key.is_empty(),
                 "tenant {id:?}: its Sent API key is empty"
+            );
+            // It is sent as `Authorization: Bearer <key>`: printable ASCII without spaces, as Sent's keys are.
+            anyhow::ensure!(
+                api_key.bytes().all(|b| b.is_ascii_graphic()),
+                "tenant {id:?}: its Sent API key holds a character that is not printable ASCII"
             );
             let own = tenant.limits.over(&self.limits);
             let limits = own.resolve();
@@ -345,26 +453,10 @@ impl ServeConfig {
                 })?;
                 agent_limits.insert(agent.clone(), resolved);
             }
-            let mut allow = Vec::new();
-            for origin in &tenant.http.allow {
-                allow.push(
-                    Origin::parse(origin).map_err(|e| {
-                        anyhow::anyhow!("tenant {id:?}: http.allow {origin:?}: {e}")
-                    })?,
-                );
-            }
-            let default_http = HttpPolicy::default();
-            let http = HttpPolicy {
-                allow,
-                timeout: tenant
-                    .http
-                    .timeout_ms
-                    .map_or(default_http.timeout, Duration::from_millis),
-                max_response_bytes: tenant
-                    .http
-                    .max_response_kib
-                    .map_or(default_http.max_response_bytes, |kib| kib << 10),
-            };
+            let http = tenant
+                .http
+                .policy()
+                .map_err(|e| anyhow::anyhow!("tenant {id:?}: {e:#}"))?;
             tenants.push(Tenant {
                 id: id.clone(),
                 token,
@@ -473,13 +565,18 @@ mod tests {
     #[test]
     fn mistakes_are_refused_with_the_tenant_named_and_no_secret() {
         std::env::set_var("VOICEHOST_TEST_KEY_SECRET", "sk_live_do_not_print");
+        std::env::set_var("VOICEHOST_TEST_KEY_SPACE", "sk_live_do not_print");
         let cases = [
             ("id = \"acme\"\ntoken_sha256 = \"abc\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"", "token_sha256"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_UNSET_VAR\"", token_sha256("t")), "VOICEHOST_TEST_UNSET_VAR"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"", token_sha256("t")), "exactly one"),
             (&format!("id = \"a/b\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"", token_sha256("t")), "tenant id"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.http]\nallow = [\"ftp://x\"]", token_sha256("t")), "http.allow"),
-            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.limits]\nmemory_mib = 4096", token_sha256("t")), "over the engine's cap"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.limits]\nmemory_mib = 4096", token_sha256("t")), "memory_mib = 4096 is over its maximum"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.http]\ntimeout_ms = 0", token_sha256("t")), "http.timeout_ms = 0: use 1 to 600000"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.http]\nmax_response_kib = 18014398509481984", token_sha256("t")), "http.max_response_kib = 18014398509481984: use 1 to 65536"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SPACE\"", token_sha256("t")), "not printable ASCII"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_file = \"/dev/zero\"", token_sha256("t")), "longer than a key"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.agents.agent_big.limits]\ncpu_ms = 0", token_sha256("t")), "agent_big in [tenants.agents]: limits: cpu_ms must be more than 0"),
         ];
         for (tenant, expected) in cases {
@@ -492,5 +589,38 @@ mod tests {
             toml::from_str::<ServeConfig>("data_dir = \"d\"\nmax_sesions = 3\n").is_err(),
             "an unknown key is an error"
         );
+    }
+
+    #[test]
+    fn host_settings_out_of_range_are_refused_when_parsed() {
+        for (text, expected) in [
+            (
+                "data_dir = \"d\"\nconnections = 0",
+                "connections = 0: use 1 to 16",
+            ),
+            (
+                "data_dir = \"d\"\nconnections = 17",
+                "connections = 17: use 1 to 16",
+            ),
+            (
+                "data_dir = \"d\"\nsent_url = \"https://voice.sent.dm/v1\"",
+                "sent_url: cannot dial: the URL's scheme must be ws or wss",
+            ),
+            (
+                "data_dir = \"d\"\nsent_url = \"not a url\"",
+                "sent_url: cannot dial: the URL does not work",
+            ),
+            (
+                "data_dir = \"d\"\n[admin]\nmetrics_token_sha256 = \"xyz\"",
+                "must be 64 hex digits",
+            ),
+        ] {
+            let error = format!("{:#}", ServeConfig::parse(text).unwrap_err());
+            assert!(error.contains(expected), "{text}: {error}");
+        }
+        let fine = ServeConfig::parse(
+            "data_dir = \"d\"\nconnections = 16\nsent_url = \"ws://127.0.0.1:9/x\"",
+        );
+        assert_eq!(fine.unwrap().connections, 16);
     }
 }

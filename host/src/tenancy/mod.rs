@@ -6,6 +6,9 @@ mod config;
 mod host;
 mod registry;
 
-pub use config::{token_sha256, valid_agent_id, ServeConfig, Tenant, AGENT_ID_RULE};
+pub use config::{
+    token_sha256, valid_agent_id, KeySource, ServeConfig, Tenant, AGENT_ID_RULE, MAX_API_KEY_BYTES,
+    MAX_CONNECTIONS,
+};
 pub use host::{AgentStatus, ServeError, Tenancy};
 pub use registry::{AgentRecord, RegistryError, VersionRecord};

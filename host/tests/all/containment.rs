@@ -2,7 +2,7 @@
 //! keeps `wasi:http` fields, unsent request bodies and random bytes, and the host's caps
 //! (`voicehost::sandbox::limits`) stop it with a trap, counted by kind, while the call goes on.
 
-use sentsim::Call;
+use sentsim::{Call, ToolPlan};
 use std::sync::Arc;
 use std::time::Duration;
 use voicehost::agent::CallRules;
@@ -161,5 +161,106 @@ async fn one_host_call_carrying_more_than_the_cap_traps_before_the_host_copies_i
         TrapKind::HostResources,
     )
     .await;
+    host.finish().await;
+}
+
+/// "<what>: ok <a>, refused <b> (<first reason>)", as the hoarder reports a flood: (a, b, reason).
+async fn flood_report(call: &mut Call, what: &str) -> (usize, usize, String) {
+    let prefix = format!("{what}: ok ");
+    // The flood's own frames come first.
+    let frame = loop {
+        let frame = call
+            .expect_frame(&format!("the report of the {what} flood"), |_| true)
+            .await
+            .unwrap();
+        if frame["type"] == "agent.say"
+            && frame["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with(&prefix))
+        {
+            break frame;
+        }
+    };
+    let text = frame["text"].as_str().unwrap();
+    let numbers: Vec<usize> = text
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let reason = text.rsplit('(').next().unwrap().trim_end_matches(')');
+    (numbers[0], numbers[1], reason.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_says_reaches_sent_exactly_as_taken_and_the_rest_is_refused_over_limit() {
+    let (host, mut call) = hoarder(rules(false)).await;
+    let n = 20_000;
+    call.say(&format!("flood say {n}"));
+    call.say("report");
+    let (ok, refused, reason) = flood_report(&mut call, "say").await;
+    assert_eq!(ok + refused, n);
+    if refused > 0 {
+        assert_eq!(reason, "over-limit");
+    }
+    // The report again (when the flood could say it itself), then the answer to this.
+    call.say("echo alive");
+    while call.expect_frame("alive", |_| true).await.unwrap()["text"] != "alive" {}
+    // Every `say` the host took reached Sent once, in order; none it refused did.
+    let flooded: Vec<usize> = call
+        .accepted_frames()
+        .iter()
+        .filter_map(|j| j["text"].as_str()?.strip_prefix("flood ")?.parse().ok())
+        .collect();
+    assert_eq!(flooded.len(), ok, "taken {ok}, refused {refused}");
+    assert!(flooded.windows(2).all(|w| w[0] < w[1]), "out of order");
+    assert_eq!(host.stats.traps(), 0, "{}", host.stats);
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_log_lines_is_cut_to_the_rate_and_the_dropped_lines_are_counted() {
+    let (host, mut call) = hoarder(rules(false)).await;
+    let n = 5_000;
+    call.say(&format!("flood log {n}"));
+    assert_eq!(flood_report(&mut call, "log").await, (n, 0, "-".into()));
+    still_answers(&mut call).await;
+    // 20 lines a second pass; the handler takes a second or two at most on a loaded machine.
+    let dropped = host.stats.log_dropped.get() as usize;
+    assert!(
+        dropped >= n - 100 && dropped <= n,
+        "dropped {dropped} of {n}"
+    );
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_tool_calls_is_answered_one_by_one_and_each_reaches_sent_once() {
+    let (host, mut call) = hoarder(rules(false)).await;
+    let n = 40;
+    call.say(&format!("flood tool {n}"));
+    assert_eq!(flood_report(&mut call, "tool").await, (n, 0, "-".into()));
+    still_answers(&mut call).await;
+    let tools = call
+        .accepted_frames()
+        .iter()
+        .filter(|j| j["type"] == "tool.call" && j["name"] == "send_dtmf")
+        .count();
+    assert_eq!(tools, n);
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_waiting_on_a_tool_sent_never_answers_is_released_at_the_tool_timeout() {
+    let mut rules = rules(false);
+    rules.call.tool_timeout = Duration::from_millis(300);
+    let (host, mut call) = hoarder(rules).await;
+    call.plan_tool("send_dtmf", ToolPlan::Hold);
+    call.say("flood tool 3");
+    assert_eq!(
+        flood_report(&mut call, "tool").await,
+        (0, 3, "timed-out".into())
+    );
+    still_answers(&mut call).await;
+    assert_eq!(host.stats.traps(), 0, "{}", host.stats);
     host.finish().await;
 }

@@ -350,3 +350,87 @@ async fn a_trap_is_reported_as_its_cause_in_one_line_and_the_guest_function_it_h
     assert_eq!(frames.first(), Some(&function.as_str()), "{report:?}");
     assert!(frames.len() > 1, "{report:?}");
 }
+
+/// Waits until `done` holds of the host's stats.
+async fn until_stats(host: &Host, what: &str, done: impl Fn(&voicehost::stats::Stats) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done(&host.stats) {
+        assert!(Instant::now() < deadline, "{what}: {}", host.stats);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_in_on_restart_traps_again_until_the_failure_policy_ends_the_call() {
+    let host = Host::start("hoarder", CallRules::default()).await;
+    let conn = host.connection().await;
+    let mut neighbour = conn.start_text();
+    neighbour
+        .expect_say("Hello from the hoarder.")
+        .await
+        .unwrap();
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the hoarder.").await.unwrap();
+
+    // One trap in `on-user-said`, then one in each fresh instance's `on-restart`, until the third.
+    call.say("trap-in restart");
+    call.expect_tool("hangup").await.unwrap();
+    assert_eq!(ended(&call).await, "agent_hung_up");
+    let stats = &host.stats;
+    assert_eq!(stats.trapped(TrapKind::Panic), 3, "{stats}");
+    assert_eq!(stats.restarts.get(), 2, "{stats}");
+    assert_eq!(stats.policies_applied.get(), 1, "{stats}");
+
+    neighbour.say("echo still here");
+    neighbour.expect_say("still here").await.unwrap();
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_in_on_session_end_is_counted_and_no_fresh_instance_follows() {
+    let host = Host::start("hoarder", CallRules::default()).await;
+    let conn = host.connection().await;
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the hoarder.").await.unwrap();
+    call.say("trap-in end");
+    call.expect_say("armed").await.unwrap();
+
+    call.end("completed");
+    until_stats(&host, "the trap in on-session-end", |s| {
+        s.trapped(TrapKind::Panic) == 1 && s.sessions_ended.get() == 1
+    })
+    .await;
+    call.expect_nothing(Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(host.stats.restarts.get(), 0, "{}", host.stats);
+    assert_eq!(host.stats.policies_applied.get(), 0, "{}", host.stats);
+
+    let mut next = conn.start_text();
+    next.expect_say("Hello from the hoarder.").await.unwrap();
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_in_on_session_lost_is_counted_and_no_fresh_instance_follows() {
+    let host = Host::start("hoarder", CallRules::default()).await;
+    let conn = host.connection().await;
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the hoarder.").await.unwrap();
+    call.say("trap-in lost");
+    call.expect_say("armed").await.unwrap();
+
+    // Sent refuses the resume: the call is lost, and `on-session-lost` traps.
+    call.expire_resume();
+    conn.drop_abruptly();
+    until_stats(&host, "the trap in on-session-lost", |s| {
+        s.trapped(TrapKind::Panic) == 1 && s.sessions_lost.get() == 1
+    })
+    .await;
+    assert_eq!(host.stats.restarts.get(), 0, "{}", host.stats);
+    assert_eq!(host.stats.policies_applied.get(), 0, "{}", host.stats);
+
+    let mut next = host.connection().await.start_text();
+    next.expect_say("Hello from the hoarder.").await.unwrap();
+    host.finish().await;
+}

@@ -123,6 +123,20 @@ impl Dial {
         }
     }
 
+    /// Whether `url` can be dialled: it parses as a request URL and its scheme is `ws` or `wss`. The config
+    /// checks the Sent URL with this at start, and every handshake again.
+    pub fn check_url(url: &str) -> Result<(), ConnectError> {
+        let request = url
+            .into_client_request()
+            .map_err(|e| ConnectError::Invalid(format!("the URL does not work: {e}")))?;
+        if !matches!(request.uri().scheme_str(), Some("ws" | "wss")) {
+            return Err(ConnectError::Invalid(
+                "the URL's scheme must be ws or wss".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The URL with `agent_id` appended (`?` or `&`).
     pub fn connect_url(&self) -> String {
         let separator = if self.url.contains('?') { '&' } else { '?' };
@@ -298,15 +312,11 @@ pub fn websocket_config() -> WebSocketConfig {
 // ----- the handshake -----
 
 async fn handshake(dial: &Dial) -> Result<Socket, ConnectError> {
-    let mut request = dial
-        .connect_url()
+    let url = dial.connect_url();
+    Dial::check_url(&url)?;
+    let mut request = url
         .into_client_request()
         .map_err(|e| ConnectError::Invalid(format!("the URL does not work: {e}")))?;
-    if !matches!(request.uri().scheme_str(), Some("ws" | "wss")) {
-        return Err(ConnectError::Invalid(
-            "the URL's scheme must be ws or wss".into(),
-        ));
-    }
     let mut authorization = HeaderValue::from_str(&format!("Bearer {}", dial.api_key.expose()))
         .map_err(|_| ConnectError::Invalid("the API key cannot be a header value".into()))?;
     authorization.set_sensitive(true);

@@ -14,11 +14,17 @@
 //!   "authority: ok" or "authority: refused"; "method <n>": the same with a method of `n` letters;
 //! * "say <n>": says `n` letters in one `say` (the host copies them out before any check);
 //! * "echo <text>": says `<text>`;
+//! * "trap-in <handler>" (`restart`, `end` or `lost`): from now on that handler panics (kept with `save`, so
+//!   fresh instances do too); `restart` also panics at once, so the fresh instance's `on-restart` follows;
+//!   the others say "armed";
+//! * "flood say <n>", "flood log <n>", "flood tool <n>": `n` `say`s, `log` lines or `send_dtmf` tool calls in
+//!   one handler call, as fast as they are taken; it keeps "<what>: ok <a>, refused <b> (<first reason>)"
+//!   with `save` and says it if it can; "report" says what was kept;
 //! * anything else: nothing.
 
 use std::cell::RefCell;
 
-use voicehost_agent::{export_agent, Agent, Session, UserSaid};
+use voicehost_agent::{export_agent, log, Agent, Session, SessionEnd, UserSaid};
 use wasip2::http::types::{Fields, Method, OutgoingBody, OutgoingRequest};
 use wasip2::io::streams::OutputStream;
 
@@ -72,6 +78,40 @@ fn said_of(answer: Result<voicehost_agent::ToolResult, voicehost_agent::Refused>
         Ok(_) => "ok".into(),
         Err(refused) => refused.name().to_string(),
     }
+}
+
+/// Panics when `trap-in` named `handler`.
+fn trap_if_armed(session: &Session, handler: &str) {
+    if session.load("trap-in").as_deref() == Some(handler.as_bytes()) {
+        panic!("the hoarder was asked to trap in {handler}");
+    }
+}
+
+/// Runs `each` `n` times; keeps and says how many were taken and refused, and the first refusal.
+fn flood(
+    session: &Session,
+    what: &str,
+    n: u64,
+    mut each: impl FnMut(u64) -> Result<(), voicehost_agent::Refused>,
+) -> Result<(), String> {
+    let (mut ok, mut refused, mut first) = (0, 0, None);
+    for i in 0..n {
+        match each(i) {
+            Ok(()) => ok += 1,
+            Err(error) => {
+                refused += 1;
+                first.get_or_insert_with(|| error.name().to_string());
+            }
+        }
+    }
+    let report = format!(
+        "{what}: ok {ok}, refused {refused} ({})",
+        first.as_deref().unwrap_or("-")
+    );
+    session.save("report", report.as_bytes())?;
+    // Refused when the flood filled the call's queue: "report" says it later.
+    let _ = session.say(&report);
+    Ok(())
 }
 
 fn count(text: &str) -> Result<u64, String> {
@@ -142,8 +182,49 @@ impl Agent for Hoarder {
             }
             "say" => session.say(&"a".repeat(count(argument)? as usize))?,
             "echo" => session.say(argument)?,
+            "trap-in" => {
+                session.save("trap-in", argument.as_bytes())?;
+                trap_if_armed(session, "restart");
+                session.say("armed")?;
+            }
+            "flood" => {
+                let (what, n) = argument.split_once(' ').ok_or("flood <what> <n>")?;
+                let n = count(n)?;
+                match what {
+                    "say" => flood(session, what, n, |i| session.say(&format!("flood {i}")))?,
+                    "log" => flood(session, what, n, |i| {
+                        log::info!("flood {i}");
+                        Ok(())
+                    })?,
+                    "tool" => flood(session, what, n, |_| {
+                        session
+                            .tool_json("send_dtmf", Some(r#"{"digits":"1"}"#))
+                            .map(|_| ())
+                    })?,
+                    _ => return Err(format!("flood {what}?")),
+                }
+            }
+            "report" => {
+                let report = session.load("report").unwrap_or_default();
+                session.say(&String::from_utf8_lossy(&report))?;
+            }
             _ => {}
         }
+        Ok(())
+    }
+
+    fn on_session_end(&self, session: &Session, _end: SessionEnd) -> Result<(), String> {
+        trap_if_armed(session, "end");
+        Ok(())
+    }
+
+    fn on_session_lost(&self, session: &Session) -> Result<(), String> {
+        trap_if_armed(session, "lost");
+        Ok(())
+    }
+
+    fn on_restart(&self, session: &Session, _reason: String) -> Result<(), String> {
+        trap_if_armed(session, "restart");
         Ok(())
     }
 }

@@ -1,6 +1,5 @@
-//! The fuzzing harness of the host's intake and call core, shared by the cargo-fuzz target `intake`
-//! (`host/fuzz`, `scripts/fuzz`) and by a test that replays the kept corpus (`host/fuzz/corpus/intake`) on
-//! every `cargo test`.
+//! The harness of the host's intake and call core: the cargo-fuzz target `intake`, whose kept corpus
+//! (`host/fuzz/corpus/intake`) is replayed on every `cargo test`.
 //!
 //! [`run`] reads its input as a few settings and then a sequence of operations: what Sent sends (raw text,
 //! structured frames of every type with fuzzed fields, answers aimed at live calls, binary audio, pings),
@@ -1742,33 +1741,16 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     fn corpus() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/intake")
+        crate::fuzzing::corpus::dir("intake")
     }
 
     fn corpus_files() -> Vec<(PathBuf, Vec<u8>)> {
-        let mut files: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(corpus())
-            .expect("the fuzz corpus host/fuzz/corpus/intake")
-            .map(|entry| {
-                let path = entry.expect("a corpus entry").path();
-                let bytes = std::fs::read(&path).expect("a corpus file");
-                (path, bytes)
-            })
-            .collect();
-        files.sort();
-        files
+        crate::fuzzing::corpus::files("intake")
     }
 
     /// Runs one input; on a panic, says which.
     fn replay(name: &str, bytes: &[u8]) {
-        let outcome = std::panic::catch_unwind(|| run(bytes));
-        if let Err(panic) = outcome {
-            let message = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("(no message)");
-            panic!("{name} breaks a rule (reproduce: scripts/fuzz {name}):\n{message}");
-        }
+        crate::fuzzing::corpus::replay("intake", name, bytes, run);
     }
 
     /// The short version of the fuzzing, on every `cargo test`: the kept corpus replays cleanly.
@@ -1791,27 +1773,7 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(0x5e47);
         for (path, bytes) in corpus_files() {
             for round in 0..2 {
-                let mut mutated = bytes.clone();
-                for _ in 0..rng.usize(1..=4) {
-                    match rng.u8(..4) {
-                        0 if !mutated.is_empty() => {
-                            let at = rng.usize(..mutated.len());
-                            mutated[at] = rng.u8(..);
-                        }
-                        1 if !mutated.is_empty() => {
-                            mutated.remove(rng.usize(..mutated.len()));
-                        }
-                        2 => {
-                            let at = rng.usize(..=mutated.len());
-                            mutated.insert(at, rng.u8(..));
-                        }
-                        _ => {
-                            for _ in 0..rng.usize(..16) {
-                                mutated.push(rng.u8(..));
-                            }
-                        }
-                    }
-                }
+                let mutated = crate::fuzzing::corpus::mutate(&bytes, &mut rng);
                 replay(
                     &format!("{} (mutation {round}: {mutated:?})", path.display()),
                     &mutated,
@@ -1868,7 +1830,7 @@ mod tests {
     }
 
     /// Runs the input in the file `FUZZ_INPUT` with every check, on stable: `FUZZ_INPUT=crash-… cargo test -p
-    /// voicehost --lib fuzzing::tests::replay_input -- --ignored --nocapture`.
+    /// voicehost --lib fuzzing::intake::tests::replay_input -- --ignored --nocapture`.
     #[test]
     #[ignore]
     fn replay_input() {
@@ -1880,7 +1842,7 @@ mod tests {
         run_with(&bytes, Checks::ALL);
     }
 
-    /// Writes the seeds into the corpus: `cargo test -p voicehost --lib fuzzing::tests::write_seeds --
+    /// Writes the seeds into the corpus: `cargo test -p voicehost --lib fuzzing::intake::tests::write_seeds --
     /// --ignored`, before `scripts/fuzz` minimises it.
     #[test]
     #[ignore]
