@@ -6,6 +6,7 @@ use super::imports::HostState;
 use super::{bindings, limits, outbound, TICK};
 use crate::content::{remove_partials, write_atomically, Digest};
 use anyhow::Result;
+use std::collections::BTreeSet;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -141,13 +142,56 @@ impl Sandbox {
 
     /// Where the compiled form of `wasm` is kept: by the hash of the component and of the engine's settings.
     fn cache_path(&self, digest: &Digest) -> Option<PathBuf> {
-        self.cache.as_ref().map(|dir| {
-            let mut settings = std::collections::hash_map::DefaultHasher::new();
-            self.engine
-                .precompile_compatibility_hash()
-                .hash(&mut settings);
-            dir.join(format!("{}-{:016x}.cwasm", digest.hex(), settings.finish()))
-        })
+        self.cache
+            .as_ref()
+            .map(|dir| dir.join(self.cache_name(digest)))
+    }
+
+    fn cache_name(&self, digest: &Digest) -> String {
+        let mut settings = std::collections::hash_map::DefaultHasher::new();
+        self.engine
+            .precompile_compatibility_hash()
+            .hash(&mut settings);
+        format!("{}-{:016x}.cwasm", digest.hex(), settings.finish())
+    }
+
+    /// Deletes from the compiled cache everything but the compiled forms of `keep` made by this engine's
+    /// settings (those of components deleted while the host was down, or compiled by an older host, are
+    /// never read again); returns how many files went.
+    pub fn collect_cache(&self, keep: &BTreeSet<Digest>) -> std::io::Result<usize> {
+        let Some(dir) = &self.cache else {
+            return Ok(0);
+        };
+        let wanted: BTreeSet<String> = keep.iter().map(|d| self.cache_name(d)).collect();
+        let mut removed = 0;
+        let entries = match std::fs::read_dir(dir) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            entries => entries?,
+        };
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            if name.to_str().is_some_and(|name| wanted.contains(name))
+                || !entry.file_type()?.is_file()
+            {
+                continue;
+            }
+            std::fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// Deletes the compiled form of a component no version refers to any more.
+    pub fn forget(&self, digest: &Digest) {
+        if let Some(path) = self.cache_path(digest) {
+            match std::fs::remove_file(&path) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(path = %path.display(), %error, "could not delete a compiled component")
+                }
+                _ => {}
+            }
+        }
     }
 
     fn cached(&self, path: &Path) -> Option<Component> {

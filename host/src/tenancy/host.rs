@@ -98,6 +98,11 @@ impl Tenancy {
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", config.data_dir.display()))?;
         let registry = Registry::open(Box::new(store))?;
         let sandbox = Sandbox::new()?.with_cache(config.data_dir.join("compiled"));
+        match sandbox.collect_cache(&registry.in_use()) {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(removed, "removed compiled components no version needs"),
+            Err(error) => tracing::warn!(%error, "could not collect the compiled cache"),
+        }
         Ok(Arc::new(Tenancy {
             metrics_token: RwLock::new(config.metrics_token()?),
             sandbox,
@@ -395,17 +400,20 @@ impl Tenancy {
         agent: &str,
         version: u32,
     ) -> Result<(), ServeError> {
-        Ok(self
+        let unused = self
             .registry
             .lock()
             .await
-            .delete_version(tenant, agent, version)?)
+            .delete_version(tenant, agent, version)?;
+        unused.iter().for_each(|digest| self.sandbox.forget(digest));
+        Ok(())
     }
 
     /// Forgets the agent: its connections close, and Sent sends its live calls to their fallback.
     pub async fn delete_agent(&self, tenant: &str, agent: &str) -> Result<(), ServeError> {
         let mut registry = self.registry.lock().await;
-        registry.delete_agent(tenant, agent)?;
+        let unused = registry.delete_agent(tenant, agent)?;
+        unused.iter().for_each(|digest| self.sandbox.forget(digest));
         let running = self.running().remove(&key(tenant, agent));
         stop_all(running.into_iter().collect()).await;
         tracing::info!(tenant, agent, "deleted");

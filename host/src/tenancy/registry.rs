@@ -5,7 +5,7 @@
 use crate::call::FailurePolicy;
 use crate::content::{remove_partials, write_atomically, Digest};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 /// Why the component store failed.
@@ -30,6 +30,8 @@ pub trait ComponentStore: Send + Sync {
     fn get(&self, digest: &Digest) -> Result<Vec<u8>, StoreError>;
     /// Forgets the component at `digest` (nothing when there is none).
     fn delete(&self, digest: &Digest) -> Result<(), StoreError>;
+    /// Every component kept, by address.
+    fn list(&self) -> Result<Vec<Digest>, StoreError>;
     /// The index document, `None` before the first write.
     fn read_index(&self) -> Result<Option<Vec<u8>>, StoreError>;
     /// Replaces the index document whole: a reader sees the old one or the new one.
@@ -94,6 +96,19 @@ impl ComponentStore for DiskStore {
             Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error.into()),
             _ => Ok(()),
         }
+    }
+
+    fn list(&self) -> Result<Vec<Digest>, StoreError> {
+        let mut kept = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let name = entry?.file_name();
+            let digest = name
+                .to_str()
+                .and_then(|name| name.strip_suffix(".wasm"))
+                .and_then(|hex| Digest::parse(&format!("sha256:{hex}")).ok());
+            kept.extend(digest);
+        }
+        Ok(kept)
     }
 
     fn read_index(&self) -> Result<Option<Vec<u8>>, StoreError> {
@@ -203,14 +218,38 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Opens the registry kept in `store`.
+    /// Opens the registry kept in `store`, and deletes every component no version refers to: what an
+    /// upload killed before its commit, or a delete killed after its commit, left behind.
     pub fn open(store: Box<dyn ComponentStore>) -> Result<Registry, RegistryError> {
         let index = match store.read_index()? {
             Some(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| RegistryError::BadIndex(e.to_string()))?,
             None => Index::default(),
         };
-        Ok(Registry { store, index })
+        let registry = Registry { store, index };
+        let used = registry.in_use();
+        let mut removed = 0;
+        for digest in registry.store.list()? {
+            if !used.contains(&digest) {
+                registry.store.delete(&digest)?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::info!(removed, "removed components no version refers to");
+        }
+        Ok(registry)
+    }
+
+    /// The components some version of some tenant refers to.
+    pub fn in_use(&self) -> BTreeSet<Digest> {
+        self.index
+            .tenants
+            .values()
+            .flat_map(|agents| agents.values())
+            .flat_map(|record| &record.versions)
+            .map(|v| v.digest.clone())
+            .collect()
     }
 
     /// The tenant's agents, by id.
@@ -322,13 +361,13 @@ impl Registry {
         })
     }
 
-    /// Forgets a version that is not active.
+    /// Forgets a version that is not active; returns the components no version refers to any more.
     pub fn delete_version(
         &mut self,
         tenant: &str,
         agent: &str,
         version: u32,
-    ) -> Result<(), RegistryError> {
+    ) -> Result<Vec<Digest>, RegistryError> {
         let removed = self.change(tenant, agent, |record| {
             let Some(at) = record.versions.iter().position(|v| v.version == version) else {
                 return Err(RegistryError::no_version(agent, version));
@@ -341,12 +380,15 @@ impl Registry {
             record.previous.retain(|v| *v != version);
             Ok(record.versions.remove(at))
         })?;
-        self.collect(&removed.digest);
-        Ok(())
+        Ok(self.collect([removed.digest]))
     }
 
-    /// Forgets the agent and all its versions.
-    pub fn delete_agent(&mut self, tenant: &str, agent: &str) -> Result<(), RegistryError> {
+    /// Forgets the agent and all its versions; returns the components no version refers to any more.
+    pub fn delete_agent(
+        &mut self,
+        tenant: &str,
+        agent: &str,
+    ) -> Result<Vec<Digest>, RegistryError> {
         let mut index = self.index.clone();
         agent_mut(&mut index, tenant, agent)?;
         let removed = index
@@ -358,10 +400,7 @@ impl Registry {
             index.tenants.remove(tenant);
         }
         self.commit(index)?;
-        for version in &removed.versions {
-            self.collect(&version.digest);
-        }
-        Ok(())
+        Ok(self.collect(removed.versions.into_iter().map(|v| v.digest)))
     }
 
     /// Applies `edit` to a copy of one agent's record and commits it; an error from `edit` changes nothing.
@@ -386,21 +425,17 @@ impl Registry {
         Ok(())
     }
 
-    /// Deletes a component no version of any tenant refers to any more (the same bytes uploaded twice are
-    /// stored once).
-    fn collect(&self, digest: &Digest) {
-        let used = self
-            .index
-            .tenants
-            .values()
-            .flat_map(|agents| agents.values())
-            .flat_map(|record| &record.versions)
-            .any(|v| v.digest == *digest);
-        if !used {
+    /// Deletes those of `digests` no version of any tenant refers to any more (the same bytes uploaded twice
+    /// are stored once), and returns them. One that cannot be deleted now goes when the registry next opens.
+    fn collect(&self, digests: impl IntoIterator<Item = Digest>) -> Vec<Digest> {
+        let used = self.in_use();
+        let unused: BTreeSet<Digest> = digests.into_iter().filter(|d| !used.contains(d)).collect();
+        for digest in &unused {
             if let Err(error) = self.store.delete(digest) {
                 tracing::warn!(%digest, %error, "could not delete an unused component");
             }
         }
+        unused.into_iter().collect()
     }
 }
 
@@ -511,6 +546,44 @@ mod tests {
             registry.component(&mine),
             Err(RegistryError::Store(StoreError::NotFound(_)))
         ));
+    }
+
+    #[test]
+    fn components_no_version_refers_to_are_deleted_when_the_registry_opens() {
+        let mut registry = registry("orphans");
+        let kept = registry.add_version("acme", "agent_a", b"kept", 0).unwrap();
+        // An upload killed between storing its component and committing the index.
+        let orphan = registry.store.put(b"never committed").unwrap();
+        let dir = registry_dir("orphans");
+        let reopened = Registry::open(Box::new(DiskStore::new(&dir).unwrap())).unwrap();
+        assert_eq!(reopened.store.list().unwrap(), vec![kept.digest.clone()]);
+        assert!(matches!(
+            reopened.store.get(&orphan),
+            Err(StoreError::NotFound(_))
+        ));
+        assert_eq!(reopened.component(&kept).unwrap(), b"kept");
+    }
+
+    #[test]
+    fn deleting_returns_the_components_no_version_needs_any_more() {
+        let mut registry = registry("unused");
+        let shared = registry
+            .add_version("acme", "agent_a", b"shared", 0)
+            .unwrap();
+        registry
+            .add_version("globex", "agent_b", b"shared", 0)
+            .unwrap();
+        let own = registry.add_version("acme", "agent_a", b"own", 0).unwrap();
+        assert_eq!(
+            registry.delete_version("acme", "agent_a", 2).unwrap(),
+            vec![own.digest]
+        );
+        assert_eq!(registry.delete_agent("acme", "agent_a").unwrap(), vec![]);
+        assert_eq!(
+            registry.delete_agent("globex", "agent_b").unwrap(),
+            vec![shared.digest]
+        );
+        assert!(registry.store.list().unwrap().is_empty());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 mod cache;
 mod connection;
 mod containment;
+mod crash;
 mod guest_faults;
 mod operator;
 mod outbound;

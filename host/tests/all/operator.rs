@@ -13,19 +13,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use voicehost_testkit::{metric, request};
 
-const BIN: &str = env!("CARGO_BIN_EXE_voicehost");
-const KEY: &str = "sk_operator_sent_key_do_not_leak";
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_voicehost");
+pub(crate) const KEY: &str = "sk_operator_sent_key_do_not_leak";
 const AGENT: &str = "agent_support";
 
 /// A running `voicehost serve`, its stderr collected line by line.
-struct Served {
-    child: Child,
+pub(crate) struct Served {
+    pub(crate) child: Child,
     log: Arc<Mutex<String>>,
-    admin: String,
+    pub(crate) admin: String,
 }
 
 impl Served {
-    fn start(config: &Path) -> Served {
+    pub(crate) fn start(config: &Path) -> Served {
         let mut child = Command::new(BIN)
             .args(["serve", "--config"])
             .arg(config)
@@ -68,7 +68,7 @@ impl Served {
         served
     }
 
-    async fn healthy(&self) {
+    pub(crate) async fn healthy(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let (status, _) = request(&self.admin, "GET", "/healthz", None, vec![]).await;
