@@ -54,7 +54,11 @@ fn collecting_keeps_only_the_compiled_forms_of_components_in_use() {
     sandbox.load(&dropped).unwrap();
     // What an older host compiled under other settings, and a stray file.
     let digest = Digest::of(&kept);
-    std::fs::write(dir.join(format!("{}-0000000000000000.cwasm", digest.hex())), b"old").unwrap();
+    std::fs::write(
+        dir.join(format!("{}-0000000000000000.cwasm", digest.hex())),
+        b"old",
+    )
+    .unwrap();
     std::fs::write(dir.join("notes.txt"), b"stray").unwrap();
 
     let removed = sandbox

@@ -2,6 +2,7 @@
 //! share is the `voicehost-testkit` crate (tests/testkit).
 
 mod cache;
+mod chaos;
 mod connection;
 mod containment;
 mod crash;

@@ -2,7 +2,8 @@
 //! frame both ways, and a conformance scenario suite that runs against any agent: the official SDK's
 //! conformance agent in-process, an agent process that connects to `sentsim conformance --listen`, or
 //! voicehost. A second list, [`pressure`], puts Sent under timing pressure and at its limits, one agent
-//! per scenario.
+//! per scenario; [`chaos`] runs many calls while Sent drops, closes and drains connections and refuses
+//! resumes at random.
 
 /// Declares `SCENARIOS`, a module's list of [`scenarios::Scenario`]s in the order they run: one line per
 /// scenario, `name: "meaning",` for one that needs nothing but the conformance agent, or
@@ -25,6 +26,7 @@ macro_rules! scenarios {
 }
 
 pub mod calls;
+pub mod chaos;
 pub mod pressure;
 pub mod record;
 pub mod scenarios;

@@ -526,6 +526,24 @@ impl Sim {
             .collect()
     }
 
+    /// The connections of `agent` a new session can start on: open, ready, not draining or muted, with room
+    /// for one more session.
+    pub fn usable_connections(&self, agent: &str) -> Vec<ConnHandle> {
+        self.state()
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.open
+                    && c.ready
+                    && !c.draining
+                    && !c.muted
+                    && c.agent == agent
+                    && c.sessions.len() < c.max_sessions
+            })
+            .map(|(id, _)| self.conn(*id))
+            .collect()
+    }
+
     /// Ends every live session with `caller_hung_up`, forgets detached ones and drops unused connection
     /// plans: a clean slate for the next scenario on the same agent.
     pub fn end_all(&self) {
@@ -1966,6 +1984,7 @@ impl Call {
     /// What Sent knows of the session now.
     pub fn state(&self) -> Option<CallState> {
         let state = self.sim.state();
+        let window = Duration::from_millis(self.sim.inner.config.window_ms);
         state.sessions.get(&self.id).map(|s| CallState {
             conn: s.conn,
             stream: s.stream,
@@ -1973,7 +1992,11 @@ impl Call {
             received: s.received,
             resuming: s.resuming.is_some(),
             ended: s.ended.clone(),
-            lost: s.lost,
+            // Detached past its window with no resume under way: Sent has sent the call to its fallback.
+            lost: s.lost
+                || (s.ended.is_none()
+                    && s.resuming.is_none()
+                    && s.detached_at.is_some_and(|at| at.elapsed() > window)),
         })
     }
 
