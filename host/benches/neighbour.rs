@@ -4,8 +4,10 @@
 //! neighbour call sends paced 20 ms frames at 16 kHz and measures each echo's latency (the recorder's
 //! timestamps: frame queued for the socket → echo read back). It runs three times, side by side in one
 //! run: alone; beside a call whose guest answers every caller frame with `FLOOD` × 20 ms of audio (one
-//! `send-audio` each); and beside a call whose guest answers every caller frame with one `send-audio` of
-//! 10 s. The process's RSS is sampled every 50 ms during each run: its peak says what the attack cost.
+//! `send-audio` each); with one `send-audio` of 10 s; by spinning the CPU for 150 ms; by logging 1000
+//! lines; and by keeping 1 MiB more (until its memory cap traps it, three times, and the failure policy
+//! hangs it up). The process's RSS is sampled every 50 ms during each run: its peak says what the attack
+//! cost.
 
 use anyhow::{anyhow, Context as _, Result};
 use sentsim::sim::{CONFORMANCE_AGENT, CONFORMANCE_KEY};
@@ -39,6 +41,11 @@ fn main() -> Result<()> {
         None,
         Some(format!("flood {FLOOD}")),
         Some("big 10000".to_string()),
+        // 150 ms of CPU for every 20 ms frame: one core kept busy, never past its deadline.
+        Some("spin 150".to_string()),
+        Some("log 1000".to_string()),
+        // 1 MiB kept per frame: the memory cap traps it within a second, three times, then the hangup.
+        Some("grow 1024".to_string()),
     ] {
         let row = runtime.block_on(run(&code, attack.clone()))?;
         rows.push((attack, row));

@@ -164,23 +164,33 @@ async fn one_host_call_carrying_more_than_the_cap_traps_before_the_host_copies_i
     host.finish().await;
 }
 
-/// "<what>: ok <a>, refused <b> (<first reason>)", as the hoarder reports a flood: (a, b, reason).
+/// Reads the agent's frames until an `agent.say` whose text is `wanted`; when 5 s pass without one, says
+/// `ask` (up to five times). Right after a flood of `say`s the call's queue may still be full, and the
+/// agent's answer is refused `over-limit` until Sent has read what is queued.
+async fn ask_until(call: &mut Call, ask: &str, wanted: impl Fn(&str) -> bool) -> serde_json::Value {
+    let mut asked = 0;
+    loop {
+        match call.expect_frame(ask, |_| true).await {
+            Ok(frame)
+                if frame["type"] == "agent.say" && frame["text"].as_str().is_some_and(&wanted) =>
+            {
+                return frame;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                assert!(asked < 5, "{ask}: {error:#}");
+                call.say(ask);
+                asked += 1;
+            }
+        }
+    }
+}
+
+/// "<what>: ok <a>, refused <b> (<first reason>)", as the hoarder reports a flood: (a, b, reason). The
+/// flood's own frames come first; the hoarder says its report when it can, and again on "report".
 async fn flood_report(call: &mut Call, what: &str) -> (usize, usize, String) {
     let prefix = format!("{what}: ok ");
-    // The flood's own frames come first.
-    let frame = loop {
-        let frame = call
-            .expect_frame(&format!("the report of the {what} flood"), |_| true)
-            .await
-            .unwrap();
-        if frame["type"] == "agent.say"
-            && frame["text"]
-                .as_str()
-                .is_some_and(|t| t.starts_with(&prefix))
-        {
-            break frame;
-        }
-    };
+    let frame = ask_until(call, "report", |text| text.starts_with(&prefix)).await;
     let text = frame["text"].as_str().unwrap();
     let numbers: Vec<usize> = text
         .split(|c: char| !c.is_ascii_digit())
@@ -196,15 +206,12 @@ async fn a_flood_of_says_reaches_sent_exactly_as_taken_and_the_rest_is_refused_o
     let (host, mut call) = hoarder(rules(false)).await;
     let n = 20_000;
     call.say(&format!("flood say {n}"));
-    call.say("report");
     let (ok, refused, reason) = flood_report(&mut call, "say").await;
     assert_eq!(ok + refused, n);
     if refused > 0 {
         assert_eq!(reason, "over-limit");
     }
-    // The report again (when the flood could say it itself), then the answer to this.
-    call.say("echo alive");
-    while call.expect_frame("alive", |_| true).await.unwrap()["text"] != "alive" {}
+    ask_until(&mut call, "echo alive", |text| text == "alive").await;
     // Every `say` the host took reached Sent once, in order; none it refused did.
     let flooded: Vec<usize> = call
         .accepted_frames()

@@ -113,6 +113,64 @@ async fn an_endless_loop_is_interrupted_at_its_cpu_deadline_and_the_session_goes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_loop_through_each_import_is_interrupted_at_its_cpu_deadline_not_its_wall_bound()
+{
+    let imports = [
+        "say",
+        "info",
+        "load",
+        "save",
+        "log",
+        "send-audio",
+        "clock",
+        "random",
+    ];
+    let rules = CallRules {
+        limits: Limits {
+            cpu_per_call: Duration::from_millis(100),
+            ..Limits::default()
+        },
+        // One trap per import, all on one call: no failure policy in between.
+        max_traps: imports.len() + 1,
+        ..CallRules::default()
+    };
+    let host = Host::start("looper", rules).await;
+    let conn = host.connection().await;
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the looper.").await.unwrap();
+
+    for (n, import) in imports.iter().enumerate() {
+        call.say(&format!("loop-through {import}"));
+        // Time in the host's side of each call counts too: the CPU deadline stops it, not the 60 s bound.
+        let traps = n as u64 + 1;
+        until_stats(&host, import, |s| s.traps() == traps).await;
+        let stats = &host.stats;
+        assert_eq!(
+            stats.trapped(TrapKind::CpuDeadline),
+            traps,
+            "{import}: {stats}"
+        );
+        // The call goes on. (Right after a `say` loop the call's queue may still be full, and a `say` is
+        // refused `over-limit` until Sent has read it: ask again until the answer comes.)
+        let after = format!("after {import}");
+        call.say(&format!("echo {after}"));
+        let mut asked = 1;
+        loop {
+            match call.expect_frame(&after, |_| true).await {
+                Ok(frame) if frame["text"] == after.as_str() => break,
+                Ok(_) => {}
+                Err(error) => {
+                    assert!(asked < 5, "{import}: {error:#}");
+                    call.say(&format!("echo {after}"));
+                    asked += 1;
+                }
+            }
+        }
+    }
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_hog_is_refused_at_its_cap_and_the_session_goes_on() {
     let rules = CallRules {
         limits: Limits {

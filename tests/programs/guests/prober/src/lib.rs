@@ -11,6 +11,9 @@
 //! | audio, no command or "echo" | send the same samples back |
 //! | audio, command "flood N" | send N × 20 ms of the call's pattern, one `send-audio` each |
 //! | audio, command "big MS" | send MS milliseconds of the call's pattern in one `send-audio` |
+//! | audio, command "spin MS" | spin the CPU for MS milliseconds of wall time (under the CPU deadline, it is never stopped) |
+//! | audio, command "log N" | log N lines (the host drops past its rate and counts them) |
+//! | audio, command "grow KIB" | allocate KIB KiB and keep it (until the memory cap traps the instance; three traps and the call gets its failure policy) |
 //! | any session frame of an unknown type | send 20 ms of the call's pattern (audio calls) |
 //! | "echo <text>" | say `<text>` |
 //! | "say N CHARS" | say N utterances of CHARS characters each, numbered from `000000`, without stopping at a refusal; then log how many were refused |
@@ -27,9 +30,14 @@ pub const GREETING: &str = "Hello from the prober.";
 /// The key of the command in the call's context.
 pub const COMMAND_KEY: &str = "prober";
 
-/// The prober; it keeps nothing in memory.
+/// The prober; it keeps nothing in memory but what "grow" asks it to.
 #[derive(Default)]
 pub struct Prober;
+
+thread_local! {
+    /// What "grow" keeps, for the life of the instance.
+    static KEPT: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// The call's audio command from its context ("echo" when there is none).
 fn command(session: &Session) -> String {
@@ -106,6 +114,23 @@ impl Agent for Prober {
                 }
             }
             Some("big") => session.send_audio(&pattern(session, number(words.next()))),
+            Some("spin") => {
+                let until = std::time::Duration::from_millis(number(words.next()).into());
+                let started = std::time::Instant::now();
+                let mut x = 0u64;
+                while started.elapsed() < until {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            }
+            Some("log") => {
+                for n in 0..number(words.next()) {
+                    log::info!("line {n}");
+                }
+            }
+            Some("grow") => {
+                let kib = number(words.next()) as usize;
+                KEPT.with(|kept| kept.borrow_mut().push(vec![1u8; kib << 10]));
+            }
             _ => session.send_audio(&samples),
         }
         Ok(())
