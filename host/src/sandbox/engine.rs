@@ -33,15 +33,18 @@ impl Sandbox {
     pub fn new() -> Result<Sandbox> {
         let mut config = Config::new();
         config.epoch_interruption(true);
+        // The shared pool. A component over the per-component maxima is refused at upload; under them, one
+        // tenant's calls (`max_sessions`, 100 by default) hold at most 3,200 core instances, 400 memories
+        // and 800 tables of these totals.
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(1000);
         pool.total_core_instances(10_000);
         pool.total_memories(2000);
         pool.total_tables(4000);
         pool.total_stacks(1000);
-        pool.max_core_instances_per_component(64);
-        pool.max_memories_per_component(16);
-        pool.max_tables_per_component(32);
+        pool.max_core_instances_per_component(limits::MAX_CORE_INSTANCES_PER_COMPONENT);
+        pool.max_memories_per_component(limits::MAX_MEMORIES_PER_COMPONENT);
+        pool.max_tables_per_component(limits::MAX_TABLES_PER_COMPONENT);
         pool.max_memory_size((limits::MAX_MEMORY_MIB as usize) << 20);
         pool.max_component_instance_size(1 << 20);
         pool.max_core_instance_size(1 << 20);

@@ -69,6 +69,18 @@ pub const MAX_HOSTCALL_BYTES: usize = 4 << 20;
 /// Elements one table of an instance may grow to (the pool reserves this many per table slot).
 pub const MAX_TABLE_ELEMENTS: usize = 100_000;
 
+/// What one component may instantiate, as the pooling allocator counts it: core module instances, linear
+/// memories and tables. Measured (issue 11): a Rust agent has 3 instances, 1 memory and 2 tables;
+/// componentize-py's Python 14, 1 and 2; componentize-qjs's QuickJS 9, 2 and 2; StarlingMonkey 4, 1 and 2.
+/// A component over any of these is refused when it is uploaded. With a tenant's `max_sessions` at its
+/// default (100), one tenant's calls can take at most a fifth of any of the shared pool's totals (see
+/// `engine.rs`), whatever its components are built to use.
+pub const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 32;
+/// See [`MAX_CORE_INSTANCES_PER_COMPONENT`].
+pub const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
+/// See [`MAX_CORE_INSTANCES_PER_COMPONENT`].
+pub const MAX_TABLES_PER_COMPONENT: u32 = 8;
+
 /// Component-model handles an instance may hold at once (to host resources and its own): a guest makes
 /// these without host code in the loop (`resource.new`). More traps the instance.
 pub const MAX_COMPONENT_HANDLES: usize = 1_000;

@@ -271,3 +271,45 @@ async fn a_handler_waiting_on_a_tool_sent_never_answers_is_released_at_the_tool_
     assert_eq!(host.stats.traps(), 0, "{}", host.stats);
     host.finish().await;
 }
+
+/// A component of `modules` core modules, each with a memory and a table, each instantiated once.
+fn component_with(modules: u32) -> Vec<u8> {
+    let mut text = String::from("(component\n");
+    for n in 0..modules {
+        text.push_str(&format!(
+            "  (core module $m{n} (memory 1) (table 1 funcref))\n  (core instance (instantiate $m{n}))\n"
+        ));
+    }
+    text.push(')');
+    wat::parse_str(text).unwrap()
+}
+
+#[test]
+fn a_component_over_the_pools_per_component_maxima_is_refused_when_it_is_loaded() {
+    use voicehost::sandbox::limits::MAX_MEMORIES_PER_COMPONENT;
+    let sandbox = voicehost_testkit::sandbox();
+    // At the maximum, the pool takes it; it is refused only for not being an agent.
+    let at = sandbox
+        .load(&component_with(MAX_MEMORIES_PER_COMPONENT))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(at, voicehost::sandbox::LoadError::WrongWorld(_)),
+        "{at}"
+    );
+    let over = sandbox
+        .load(&component_with(MAX_MEMORIES_PER_COMPONENT + 1))
+        .err()
+        .unwrap();
+    let message = over.to_string();
+    assert!(
+        matches!(over, voicehost::sandbox::LoadError::Invalid(_)),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!(
+            "exceeds the configured maximum of {MAX_MEMORIES_PER_COMPONENT}"
+        )),
+        "{message}"
+    );
+}
