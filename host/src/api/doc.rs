@@ -146,7 +146,7 @@ pub struct BadRequest(#[allow(dead_code)] ErrorBody);
 
 /// The upload was refused and nothing was stored: `bad_request` (a malformed agent id, or a query other
 /// than `activate=true|false`), `not_wasm` (an empty body too), `core_module` or `invalid_component`
-/// (400); `too_large` (413); `wrong_world` (422).
+/// (400); `too_large` (413); `wrong_world` or `over_limits` (422).
 #[derive(ToResponse)]
 #[response(examples(
     ("not_wasm" = (summary = "The body is not WebAssembly", value = json!({"error": {"code": "not_wasm",
@@ -159,8 +159,21 @@ pub struct BadRequest(#[allow(dead_code)] ErrorBody);
         "message": "the component imports wasi:filesystem/types@0.2.0, which agents do not get"}}))),
     ("too_large" = (summary = "Over the tenant's cap", value = json!({"error": {"code": "too_large",
         "message": "the component is over this tenant's cap of 41943040 bytes"}}))),
+    ("over_limits" = (summary = "Needs more memory than the agent may have", value = json!({"error": {
+        "code": "over_limits",
+        "message": "the component's initial memory is 100.0 MiB, over the agent's memory_mib = 64"}}))),
 ))]
 pub struct UploadRejected(#[allow(dead_code)] ErrorBody);
+
+/// `over_limits`: the version could never start under the agent's limits as they are now (its initial
+/// memory is over `memory_mib`); nothing changed.
+#[derive(ToResponse)]
+#[response(examples(
+    ("over_limits" = (summary = "Needs more memory than the agent may have", value = json!({"error": {
+        "code": "over_limits",
+        "message": "the component's initial memory is 100.0 MiB, over the agent's memory_mib = 64"}}))),
+))]
+pub struct OverLimits(#[allow(dead_code)] ErrorBody);
 
 /// `conflict`: the request clashes with the agent's state: deleting its active version, or rolling back
 /// with no earlier active version to go back to.

@@ -122,6 +122,7 @@ impl From<ServeError> for ApiError {
             ServeError::Load(LoadError::CoreModule) => ErrorCode::CoreModule,
             ServeError::Load(LoadError::Invalid(_)) => ErrorCode::InvalidComponent,
             ServeError::Load(LoadError::WrongWorld(_)) => ErrorCode::WrongWorld,
+            ServeError::OverLimits(_) => ErrorCode::OverLimits,
             ServeError::Registry(RegistryError::NoAgent(_) | RegistryError::NoVersion { .. }) => {
                 ErrorCode::NotFound
             }
@@ -439,6 +440,7 @@ async fn upload(
         (status = 400, response = doc::BadRequest),
         (status = 401, response = doc::Unauthorized),
         (status = 404, response = doc::NotFound),
+        (status = 422, response = doc::OverLimits),
         (status = 500, response = doc::Internal),
     ))]
 async fn activate(
@@ -467,6 +469,7 @@ async fn activate(
         (status = 401, response = doc::Unauthorized),
         (status = 404, response = doc::NotFound),
         (status = 409, response = doc::Conflict),
+        (status = 422, response = doc::OverLimits),
         (status = 500, response = doc::Internal),
     ))]
 async fn rollback(

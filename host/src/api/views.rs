@@ -260,6 +260,9 @@ pub enum ErrorCode {
     WrongWorld,
     /// 413: the upload is over the tenant's component size cap.
     TooLarge,
+    /// 422: a valid agent that could never start under the agent's limits: its initial memory is over
+    /// `memory_mib` (at upload, or at activation after the limits were lowered).
+    OverLimits,
     /// 409: the request clashes with the agent's state: deleting the active version, or a rollback with
     /// nothing to roll back to.
     Conflict,
@@ -269,7 +272,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in the order declared.
-    pub const ALL: [ErrorCode; 10] = [
+    pub const ALL: [ErrorCode; 11] = [
         ErrorCode::Unauthorized,
         ErrorCode::NotFound,
         ErrorCode::BadRequest,
@@ -278,6 +281,7 @@ impl ErrorCode {
         ErrorCode::InvalidComponent,
         ErrorCode::WrongWorld,
         ErrorCode::TooLarge,
+        ErrorCode::OverLimits,
         ErrorCode::Conflict,
         ErrorCode::Internal,
     ];
@@ -293,6 +297,7 @@ impl ErrorCode {
             ErrorCode::InvalidComponent => "invalid_component",
             ErrorCode::WrongWorld => "wrong_world",
             ErrorCode::TooLarge => "too_large",
+            ErrorCode::OverLimits => "over_limits",
             ErrorCode::Conflict => "conflict",
             ErrorCode::Internal => "internal",
         }
@@ -307,7 +312,7 @@ impl ErrorCode {
             | ErrorCode::NotWasm
             | ErrorCode::CoreModule
             | ErrorCode::InvalidComponent => 400,
-            ErrorCode::WrongWorld => 422,
+            ErrorCode::WrongWorld | ErrorCode::OverLimits => 422,
             ErrorCode::TooLarge => 413,
             ErrorCode::Conflict => 409,
             ErrorCode::Internal => 500,

@@ -135,11 +135,17 @@ impl Sandbox {
                 tracing::warn!(path = %path.display(), error = %format!("{error:#}"), "could not cache a compiled component");
             }
         }
+        // Wasm pages are 64 KiB (the custom-page-sizes proposal is not enabled).
+        let least_memory_bytes = component
+            .resources_required()
+            .and_then(|needs| needs.max_initial_memory_size)
+            .map_or(0, |pages| pages.saturating_mul(64 << 10));
         Ok(AgentCode {
             engine: self.engine.clone(),
             pre,
             pre_without_http,
             cached: from_cache,
+            least_memory_bytes,
         })
     }
 
@@ -305,12 +311,19 @@ pub struct AgentCode {
     /// For calls whose HTTP policy allows no origin: `wasi:http` is not linked, its imports trap.
     pub(super) pre_without_http: bindings::AgentPre<HostState>,
     cached: bool,
+    least_memory_bytes: u64,
 }
 
 impl AgentCode {
     /// Whether the compiled code came from the cache rather than a compilation.
     pub fn from_cache(&self) -> bool {
         self.cached
+    }
+
+    /// The initial size of the component's largest memory, as it declares it: an instance cannot start
+    /// under a memory limit below this (the limit counts all its memories together, so it may need more).
+    pub fn least_memory_bytes(&self) -> u64 {
+        self.least_memory_bytes
     }
 }
 

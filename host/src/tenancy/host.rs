@@ -7,7 +7,8 @@ use super::config::{ServeConfig, Tenant, TokenHash};
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
 use crate::content::Digest;
-use crate::sandbox::{Limits, LoadError, Sandbox};
+use crate::sandbox::limits;
+use crate::sandbox::{AgentCode, Limits, LoadError, Sandbox};
 
 use crate::stats::{Counter, LiveSession, Stats};
 use std::collections::BTreeMap;
@@ -29,6 +30,9 @@ pub enum ServeError {
     /// The registry refused the change, or its store failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// A valid agent whose declared needs exceed its limits (its initial memory over `memory_mib`).
+    #[error("{0}")]
+    OverLimits(String),
     /// The host itself failed, e.g. a compilation that stopped.
     #[error("{0}")]
     Internal(String),
@@ -298,7 +302,8 @@ impl Tenancy {
         activate: bool,
     ) -> Result<VersionRecord, ServeError> {
         check_agent_id(agent)?;
-        self.compile(wasm.clone(), None).await?;
+        let code = self.compile(wasm.clone(), None).await?;
+        self.check_fits(tenant, agent, &code)?;
         let mut registry = self.registry.lock().await;
         let version = registry.add_version(tenant, agent, &wasm, unix_now())?;
         tracing::info!(
@@ -519,11 +524,30 @@ impl Tenancy {
         let code = self
             .compile(wasm.into(), Some(version.digest.clone()))
             .await?;
+        self.check_fits(tenant, agent, &code)?;
         Ok(Deployment {
             version: version.version,
             code,
             rules: self.rules(tenant, agent, record),
         })
+    }
+
+    /// Refuses code whose instances could never start under the agent's limits, so that the upload (or
+    /// the activation or rollback, after the limits were lowered) fails, not every call.
+    fn check_fits(&self, tenant: &str, agent: &str, code: &AgentCode) -> Result<(), ServeError> {
+        let limit_mib = self
+            .tenant(tenant)
+            .map_or(limits::DEFAULTS.memory_mib, |t| {
+                t.agent_limits(agent).memory_mib
+            });
+        let needs = code.least_memory_bytes();
+        if needs > limit_mib << 20 {
+            return Err(ServeError::OverLimits(format!(
+                "the component's initial memory is {:.1} MiB, over the agent's memory_mib = {limit_mib}",
+                needs as f64 / (1 << 20) as f64
+            )));
+        }
+        Ok(())
     }
 
     /// Compiles `wasm` (or loads it from the cache); `digest` when the registry has just checked it.

@@ -662,3 +662,30 @@ async fn a_reloaded_config_adds_and_removes_tenants_and_changes_limits_without_d
     live.end("completed");
     hosting.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_whose_initial_memory_is_over_its_limit_is_refused_at_upload_not_at_every_call() {
+    // The conformance agent's memory starts at 17 pages (1.06 MiB); this tenant allows 1 MiB.
+    let hosting = Hosting::start("over-limits", "[tenants.limits]\nmemory_mib = 1").await;
+    let wasm = voicehost_testkit::guest("conformance");
+    let (status, answer) = hosting
+        .api(
+            "POST",
+            "/v1/agents/agent_big/versions?activate=true",
+            Some(ACME_TOKEN),
+            wasm,
+        )
+        .await;
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["error"]["code"], "over_limits", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("over the agent's memory_mib = 1"),
+        "{message}"
+    );
+    let (status, _) = hosting
+        .api("GET", "/v1/agents/agent_big", Some(ACME_TOKEN), vec![])
+        .await;
+    assert_eq!(status, 404, "nothing was stored");
+    hosting.finish().await;
+}
