@@ -555,7 +555,7 @@ impl Tenancy {
         &self,
         wasm: bytes::Bytes,
         digest: Option<Digest>,
-    ) -> Result<crate::sandbox::AgentCode, ServeError> {
+    ) -> Result<AgentCode, ServeError> {
         let sandbox = self.sandbox.clone();
         let _turn = self
             .compiling
