@@ -87,15 +87,7 @@ pub fn run(data: &[u8]) {
 /// Every limit from 1 to its maximum, and what the host derives from it without overflow.
 fn within_bounds(limits: &crate::sandbox::limits::ResolvedLimits) {
     assert_eq!(limits.check(), Ok(()));
-    let values = [
-        limits.memory_mib,
-        limits.cpu_ms,
-        limits.wall_ms,
-        limits.max_sessions as u64,
-        u64::from(limits.log_lines_per_second),
-        limits.component_mib,
-    ];
-    for ((key, max, _), value) in MAXIMA.iter().zip(values) {
+    for ((key, max, _), value) in MAXIMA.iter().zip(limits.values()) {
         assert!((1..=*max).contains(&value), "{key} = {value}");
     }
     assert_eq!(

@@ -96,6 +96,18 @@ pub struct LimitError {
 }
 
 impl ResolvedLimits {
+    /// Every value, in [`MAXIMA`]'s order.
+    pub fn values(&self) -> [u64; 6] {
+        [
+            self.memory_mib,
+            self.cpu_ms,
+            self.wall_ms,
+            self.max_sessions as u64,
+            u64::from(self.log_lines_per_second),
+            self.component_mib,
+        ]
+    }
+
     /// [`ResolvedLimits::component_mib`] in bytes.
     pub fn component_bytes(&self) -> u64 {
         self.component_mib << 20
@@ -105,15 +117,7 @@ impl ResolvedLimits {
     /// bounded, said as the setting's name and the bound: every value is from 1 to its maximum in
     /// [`MAXIMA`].
     pub fn check(&self) -> Result<(), LimitError> {
-        let values = [
-            self.memory_mib,
-            self.cpu_ms,
-            self.wall_ms,
-            self.max_sessions as u64,
-            u64::from(self.log_lines_per_second),
-            self.component_mib,
-        ];
-        for ((key, max, why), value) in MAXIMA.iter().zip(values) {
+        for ((key, max, why), value) in MAXIMA.iter().zip(self.values()) {
             if value == 0 {
                 return Err(LimitError {
                     key,

@@ -4,10 +4,10 @@
 //! its active versions, and keep nothing no version refers to: no component, no compiled form, no partial
 //! file. `CRASH_SEED` replays one run; `CRASH_ROUNDS` sets how many kills (10 by default).
 
-use crate::operator::{Served, KEY};
+use crate::operator::{one_tenant, Served};
 use sha2::{Digest as _, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use voicehost_testkit::admin;
@@ -277,23 +277,7 @@ async fn a_host_killed_amid_registry_changes_reopens_to_a_committed_state_with_n
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
     let mut rng = fastrand::Rng::with_seed(seed);
-    let dir =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("crash-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("key"), KEY).unwrap();
-    let config = dir.join("voicehost.toml");
-    // Nothing listens at Sent's address: the active agents keep dialling, which is all serving needs here.
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = \"data\"\nsent_url = \"ws://127.0.0.1:9/never\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
-             [[tenants]]\nid = \"t\"\ntoken_sha256 = \"{}\"\napi_key_file = \"{}\"\n",
-            voicehost::tenancy::token_sha256(TOKEN),
-            dir.join("key").display()
-        ),
-    )
-    .unwrap();
+    let (dir, config) = one_tenant("crash", TOKEN);
 
     let mut committed = State::new();
     let mut in_flight: Option<(Change, bool)> = None;

@@ -319,16 +319,16 @@ async fn an_operator_serves_an_uploaded_agent_restarts_from_the_cache_and_no_sec
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_signal_exits_at_once_while_the_first_waits_for_a_slow_client() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("operator-signal-{}", std::process::id()));
+/// A fresh directory `name` under the tests' temporary directory, with a config for one tenant `t` whose
+/// admin token is `token`, and whose Sent is an address where nothing listens (its active agents keep
+/// dialling; only the admin API matters). Returns the directory and the config's path.
+pub(crate) fn one_tenant(name: &str, token: &str) -> (PathBuf, PathBuf) {
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("voicehost.toml");
-    // One tenant with no agent: nothing connects anywhere; only the admin API listens.
-    let token = "vh_signal_test_token";
     std::fs::write(dir.join("key"), KEY).unwrap();
+    let config = dir.join("voicehost.toml");
     std::fs::write(
         &config,
         format!(
@@ -339,6 +339,14 @@ async fn a_second_signal_exits_at_once_while_the_first_waits_for_a_slow_client()
         ),
     )
     .unwrap();
+    (dir, config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once_while_the_first_waits_for_a_slow_client() {
+    // One tenant with no agent: nothing connects anywhere; only the admin API listens.
+    let token = "vh_signal_test_token";
+    let (dir, config) = one_tenant("operator-signal", token);
     let served = Served::start(&config);
     served.healthy().await;
     // A client that starts an upload and never sends its body: the first signal's graceful stop waits
