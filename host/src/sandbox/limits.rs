@@ -73,8 +73,8 @@ pub const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// memories and tables. Measured (issue 11): a Rust agent has 3 instances, 1 memory and 2 tables;
 /// componentize-py's Python 14, 1 and 2; componentize-qjs's QuickJS 9, 2 and 2; StarlingMonkey 4, 1 and 2.
 /// A component over any of these is refused when it is uploaded. With a tenant's `max_sessions` at its
-/// default (100), one tenant's calls can take at most a fifth of any of the shared pool's totals (see
-/// `engine.rs`), whatever its components are built to use.
+/// default (100), one tenant's calls can take at most a third of the shared pool's core instances and a
+/// fifth of its memories and tables (see `engine.rs`), whatever its components are built to use.
 pub const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 32;
 /// See [`MAX_CORE_INSTANCES_PER_COMPONENT`].
 pub const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
@@ -96,7 +96,7 @@ pub struct LimitError {
 }
 
 impl ResolvedLimits {
-    /// Every value, in [`MAXIMA`]'s order.
+    /// Every value, in [`RANGES`]' order.
     pub fn values(&self) -> [u64; 6] {
         [
             self.memory_mib,
@@ -114,14 +114,13 @@ impl ResolvedLimits {
     }
 
     /// What in these limits the engine cannot run, or that would leave every call unservable or nothing
-    /// bounded, said as the setting's name and the bound: every value is from 1 to its maximum in
-    /// [`MAXIMA`].
+    /// bounded, said as the setting's name and the bound: every value is within its range in [`RANGES`].
     pub fn check(&self) -> Result<(), LimitError> {
-        for ((key, max, why), value) in MAXIMA.iter().zip(self.values()) {
-            if value == 0 {
+        for ((key, min, max, why), value) in RANGES.iter().zip(self.values()) {
+            if value < *min {
                 return Err(LimitError {
                     key,
-                    problem: "must be more than 0".into(),
+                    problem: format!("must be at least {min}"),
                 });
             }
             if value > *max {
@@ -135,21 +134,29 @@ impl ResolvedLimits {
     }
 }
 
-/// The most each limit may be set to, with why, in [`ResolvedLimits`]' order: past these a setting no
-/// longer bounds anything (and values near `u64::MAX` would overflow where they are turned into bytes or
-/// deadlines).
-pub const MAXIMA: [(&str, u64, &str); 6] = [
+/// The least and the most each limit may be set to, with why the most, in [`ResolvedLimits`]' order. A
+/// bound of 0 would leave every call unservable, but for the log, which 0 silences; past the most a
+/// setting no longer bounds anything (and values near `u64::MAX` would overflow where they are turned into
+/// bytes or deadlines).
+pub const RANGES: [(&str, u64, u64, &str); 6] = [
     (
         "memory_mib",
+        1,
         MAX_MEMORY_MIB,
         "the pool reserves this much address space per memory",
     ),
-    ("cpu_ms", 60_000, "a minute of CPU for one handler call"),
-    ("wall_ms", 3_600_000, "an hour for one handler call"),
-    ("max_sessions", 100_000, "calls at once"),
-    ("log_lines_per_second", 1_000, "guest log lines per call"),
+    ("cpu_ms", 1, 60_000, "a minute of CPU for one handler call"),
+    ("wall_ms", 1, 3_600_000, "an hour for one handler call"),
+    ("max_sessions", 1, 100_000, "calls at once"),
+    (
+        "log_lines_per_second",
+        0,
+        1_000,
+        "guest log lines a second, per call",
+    ),
     (
         "component_mib",
+        1,
         1_024,
         "an upload is held in memory while it is checked",
     ),
@@ -182,7 +189,7 @@ mod tests {
         };
         assert_eq!(
             zero.check().unwrap_err().to_string(),
-            "cpu_ms must be more than 0"
+            "cpu_ms must be at least 1"
         );
         let no_calls = ResolvedLimits {
             max_sessions: 0,
@@ -192,8 +199,8 @@ mod tests {
     }
 
     #[test]
-    fn each_limit_is_accepted_at_its_maximum_and_refused_past_it() {
-        for (at, (key, max, _)) in MAXIMA.iter().enumerate() {
+    fn each_limit_is_accepted_at_both_ends_of_its_range_and_refused_past_them() {
+        for (at, (key, min, max, _)) in RANGES.iter().enumerate() {
             let set = |value: u64| {
                 let mut limits = DEFAULTS;
                 match at {
@@ -207,9 +214,14 @@ mod tests {
                 limits
             };
             assert_eq!(set(*max).check(), Ok(()), "{key} at its maximum");
+            assert_eq!(set(*min).check(), Ok(()), "{key} at its minimum");
             let error = set(max + 1).check().unwrap_err();
             assert_eq!(error.key, *key);
             assert!(error.problem.contains("over its maximum"), "{error}");
+            if *min > 0 {
+                let error = set(min - 1).check().unwrap_err();
+                assert_eq!(error.to_string(), format!("{key} must be at least {min}"));
+            }
         }
     }
 }

@@ -261,19 +261,19 @@ impl KeySource<'_> {
             KeySource::Env(var) => std::env::var(var)
                 .map_err(|_| anyhow::anyhow!("the environment variable {var} is not set")),
             KeySource::File(path) => {
+                // A key, and room for the line ends and spaces around it; a longer file is not a key.
+                let most = MAX_API_KEY_BYTES + 64;
                 let mut text = String::new();
                 std::fs::File::open(path)
-                    .and_then(|file| {
-                        file.take(MAX_API_KEY_BYTES as u64 + 1)
-                            .read_to_string(&mut text)
-                    })
+                    .and_then(|file| file.take(most as u64 + 1).read_to_string(&mut text))
                     .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+                let key = text.trim();
                 anyhow::ensure!(
-                    text.len() <= MAX_API_KEY_BYTES,
+                    text.len() <= most && key.len() <= MAX_API_KEY_BYTES,
                     "{} is longer than a key ({MAX_API_KEY_BYTES} bytes)",
                     path.display()
                 );
-                Ok(text.trim().to_string())
+                Ok(key.to_string())
             }
         }
     }
@@ -577,7 +577,7 @@ mod tests {
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.http]\nmax_response_kib = 18014398509481984", token_sha256("t")), "http.max_response_kib = 18014398509481984: use 1 to 65536"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SPACE\"", token_sha256("t")), "not printable ASCII"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_file = \"/dev/zero\"", token_sha256("t")), "longer than a key"),
-            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.agents.agent_big.limits]\ncpu_ms = 0", token_sha256("t")), "agent_big in [tenants.agents]: limits: cpu_ms must be more than 0"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.agents.agent_big.limits]\ncpu_ms = 0", token_sha256("t")), "agent_big in [tenants.agents]: limits: cpu_ms must be at least 1"),
         ];
         for (tenant, expected) in cases {
             let config = parse(&format!("data_dir = \"d\"\n[[tenants]]\n{tenant}\n"));

@@ -305,18 +305,26 @@ impl Tenancy {
         let code = self.compile(wasm.clone(), None).await?;
         self.check_fits(tenant, agent, &code)?;
         let mut registry = self.registry.lock().await;
-        let version = registry.add_version(tenant, agent, &wasm, unix_now())?;
+        // Stored and made active in one write of the index: a crash never leaves it stored but inactive.
+        let version = registry.add_version(tenant, agent, &wasm, unix_now(), activate)?;
         tracing::info!(
             tenant,
             agent,
             version = version.version,
             digest = %version.digest,
             size_bytes = version.size_bytes,
+            activate,
             "uploaded"
         );
         if activate {
-            self.activate_locked(&mut registry, tenant, agent, version.version)
-                .await?;
+            let record = registry.agent(tenant, agent)?;
+            let deployment = Deployment {
+                version: version.version,
+                code,
+                rules: self.rules(tenant, agent, record),
+            };
+            self.serve(tenant, agent, deployment);
+            tracing::info!(tenant, agent, version = version.version, "activated");
         }
         Ok(version)
     }
@@ -405,11 +413,9 @@ impl Tenancy {
         agent: &str,
         version: u32,
     ) -> Result<(), ServeError> {
-        let unused = self
-            .registry
-            .lock()
-            .await
-            .delete_version(tenant, agent, version)?;
+        let mut registry = self.registry.lock().await;
+        let unused = registry.delete_version(tenant, agent, version)?;
+        // Under the lock: an upload of the same bytes cannot store its version in between.
         unused.iter().for_each(|digest| self.sandbox.forget(digest));
         Ok(())
     }

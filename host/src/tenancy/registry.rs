@@ -221,18 +221,32 @@ impl Registry {
     /// Opens the registry kept in `store`, and deletes every component no version refers to: what an
     /// upload killed before its commit, or a delete killed after its commit, left behind.
     pub fn open(store: Box<dyn ComponentStore>) -> Result<Registry, RegistryError> {
-        let index = match store.read_index()? {
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| RegistryError::BadIndex(e.to_string()))?,
-            None => Index::default(),
+        let (index, indexed) = match store.read_index()? {
+            Some(bytes) => (
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| RegistryError::BadIndex(e.to_string()))?,
+                true,
+            ),
+            None => (Index::default(), false),
         };
         let registry = Registry { store, index };
+        let stored = registry.store.list()?;
+        if !indexed && !stored.is_empty() {
+            // Components with no index is not a fresh registry but a damaged or half-restored one: keep them.
+            tracing::warn!(
+                components = stored.len(),
+                "the registry's index is missing but components are stored: none is deleted"
+            );
+            return Ok(registry);
+        }
         let used = registry.in_use();
         let mut removed = 0;
-        for digest in registry.store.list()? {
-            if !used.contains(&digest) {
-                registry.store.delete(&digest)?;
-                removed += 1;
+        for digest in stored.iter().filter(|d| !used.contains(*d)) {
+            match registry.store.delete(digest) {
+                Ok(()) => removed += 1,
+                Err(error) => {
+                    tracing::warn!(%digest, %error, "could not delete a component no version refers to")
+                }
             }
         }
         if removed > 0 {
@@ -284,13 +298,16 @@ impl Registry {
         Ok(self.store.get(&version.digest)?)
     }
 
-    /// Keeps a new version of `agent` (created on its first upload). The caller has validated `wasm`.
+    /// Keeps a new version of `agent` (created on its first upload), made active too when `activate` is
+    /// set: one write of the index, so a crash leaves it stored and active, or not stored at all. The
+    /// caller has validated `wasm`.
     pub fn add_version(
         &mut self,
         tenant: &str,
         agent: &str,
         wasm: &[u8],
         uploaded_at: u64,
+        activate: bool,
     ) -> Result<VersionRecord, RegistryError> {
         let digest = self.store.put(wasm)?;
         let mut index = self.index.clone();
@@ -309,6 +326,9 @@ impl Registry {
         };
         record.next_version += 1;
         record.versions.push(version.clone());
+        if activate {
+            make_active(record, version.version);
+        }
         self.commit(index)?;
         Ok(version)
     }
@@ -324,14 +344,7 @@ impl Registry {
             if record.version(version).is_none() {
                 return Err(RegistryError::no_version(agent, version));
             }
-            if record.active != Some(version) {
-                if let Some(current) = record.active {
-                    record.previous.retain(|v| *v != current);
-                    record.previous.push(current);
-                }
-                record.previous.retain(|v| *v != version);
-                record.active = Some(version);
-            }
+            make_active(record, version);
             Ok(())
         })
     }
@@ -439,6 +452,19 @@ impl Registry {
     }
 }
 
+/// Makes `version` the record's active one; the one active before, if another, is what a rollback returns
+/// to.
+fn make_active(record: &mut AgentRecord, version: u32) {
+    if record.active != Some(version) {
+        if let Some(current) = record.active {
+            record.previous.retain(|v| *v != current);
+            record.previous.push(current);
+        }
+        record.previous.retain(|v| *v != version);
+        record.active = Some(version);
+    }
+}
+
 fn agent_mut<'a>(
     index: &'a mut Index,
     tenant: &str,
@@ -491,8 +517,12 @@ mod tests {
     #[test]
     fn versions_count_from_one_and_survive_a_reopen() {
         let mut registry = registry("reopen");
-        let one = registry.add_version("acme", "agent_a", b"v1", 10).unwrap();
-        let two = registry.add_version("acme", "agent_a", b"v2", 20).unwrap();
+        let one = registry
+            .add_version("acme", "agent_a", b"v1", 10, false)
+            .unwrap();
+        let two = registry
+            .add_version("acme", "agent_a", b"v2", 20, false)
+            .unwrap();
         assert_eq!((one.version, two.version), (1, 2));
         registry.activate("acme", "agent_a", 2).unwrap();
         let dir = registry_dir("reopen");
@@ -510,7 +540,9 @@ mod tests {
     fn rollback_returns_to_the_version_active_before() {
         let mut registry = registry("rollback");
         for wasm in [b"v1", b"v2", b"v3"] {
-            registry.add_version("acme", "agent_a", wasm, 0).unwrap();
+            registry
+                .add_version("acme", "agent_a", wasm, 0, false)
+                .unwrap();
         }
         assert!(matches!(
             registry.rollback("acme", "agent_a"),
@@ -528,9 +560,11 @@ mod tests {
     #[test]
     fn the_active_version_cannot_be_deleted_and_a_shared_component_outlives_one_owner() {
         let mut registry = registry("delete");
-        let mine = registry.add_version("acme", "agent_a", b"same", 0).unwrap();
+        let mine = registry
+            .add_version("acme", "agent_a", b"same", 0, false)
+            .unwrap();
         registry
-            .add_version("globex", "agent_b", b"same", 0)
+            .add_version("globex", "agent_b", b"same", 0, false)
             .unwrap();
         registry.activate("acme", "agent_a", 1).unwrap();
         assert!(matches!(
@@ -551,7 +585,9 @@ mod tests {
     #[test]
     fn components_no_version_refers_to_are_deleted_when_the_registry_opens() {
         let mut registry = registry("orphans");
-        let kept = registry.add_version("acme", "agent_a", b"kept", 0).unwrap();
+        let kept = registry
+            .add_version("acme", "agent_a", b"kept", 0, false)
+            .unwrap();
         // An upload killed between storing its component and committing the index.
         let orphan = registry.store.put(b"never committed").unwrap();
         let dir = registry_dir("orphans");
@@ -568,12 +604,14 @@ mod tests {
     fn deleting_returns_the_components_no_version_needs_any_more() {
         let mut registry = registry("unused");
         let shared = registry
-            .add_version("acme", "agent_a", b"shared", 0)
+            .add_version("acme", "agent_a", b"shared", 0, false)
             .unwrap();
         registry
-            .add_version("globex", "agent_b", b"shared", 0)
+            .add_version("globex", "agent_b", b"shared", 0, false)
             .unwrap();
-        let own = registry.add_version("acme", "agent_a", b"own", 0).unwrap();
+        let own = registry
+            .add_version("acme", "agent_a", b"own", 0, false)
+            .unwrap();
         assert_eq!(
             registry.delete_version("acme", "agent_a", 2).unwrap(),
             vec![own.digest]
@@ -589,7 +627,9 @@ mod tests {
     #[test]
     fn a_tenant_never_reaches_another_tenants_agent() {
         let mut registry = registry("tenants");
-        registry.add_version("acme", "agent_a", b"v1", 0).unwrap();
+        registry
+            .add_version("acme", "agent_a", b"v1", 0, false)
+            .unwrap();
         assert!(registry.agent("globex", "agent_a").is_err());
         assert!(registry.activate("globex", "agent_a", 1).is_err());
         assert!(registry.delete_agent("globex", "agent_a").is_err());

@@ -2,7 +2,7 @@
 //! of uploads, activations, rollbacks and deletes, again and again, and after each start it must load,
 //! hold the state it last answered for (or that with the change in flight done, never half of it), serve
 //! its active versions, and keep nothing no version refers to: no component, no compiled form, no partial
-//! file. `CRASH_SEED` replays one run; `CRASH_ROUNDS` sets how many kills (10 by default).
+//! file. `CRASH_SEED` replays one run's random choices (not its timing); `CRASH_ROUNDS` sets how many kills (10 by default).
 
 use crate::operator::{one_tenant, Served};
 use sha2::{Digest as _, Sha256};
@@ -98,8 +98,10 @@ impl Change {
             Change::Activate { version, .. } => {
                 new.versions == old.versions && new.active == Some(*version)
             }
+            // The version it returns to is the registry's to know (`previous`, which the API does not show).
             Change::Rollback { .. } => {
                 new.versions == old.versions
+                    && new.active != old.active
                     && new.active.is_some_and(|v| new.versions.contains_key(&v))
             }
             Change::DeleteVersion { version, .. } => {

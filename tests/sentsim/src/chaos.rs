@@ -12,8 +12,10 @@
 //! What must hold, per call, from Sent's record ([`run`] fails with the first broken call):
 //! - every line's echo reached Sent exactly once and in order: all of them on a call that was not lost,
 //!   a prefix of them (no gap) on a lost one;
-//! - every tool call was a new one (no `call_ref` twice) and Sent answered each; all of them on a call
-//!   not lost;
+//! - every tool call was a new one (no `call_ref` twice, no more of them than "dtmf" lines) and Sent
+//!   answered each; all of them on a call not lost;
+//! - a call was lost only if a fault meant it to be (a `resume_failed`), but for a few (at most one call in
+//!   twenty, or two): a host that lost calls at will would otherwise pass;
 //! - every audio message the agent sent for a call carries that call's tag: no audio on another's stream;
 //! - every call either ended as the caller ended it or was lost, and no other way (the host's counts of
 //!   ended and lost calls are for the caller to compare with [`ChaosReport`]);
@@ -72,6 +74,8 @@ pub struct ChaosReport {
     pub ended: usize,
     /// Calls lost: their resume was refused, and they went to their fallback.
     pub lost: usize,
+    /// Of those, calls lost that no fault meant to lose (every `resume_failed` fault dooms one call).
+    pub lost_otherwise: usize,
     /// Faults, by kind.
     pub faults: BTreeMap<&'static str, usize>,
     /// The agent's counted frames checked (echoes and tool calls).
@@ -84,6 +88,8 @@ pub struct ChaosReport {
     pub frames_lost: usize,
     /// Echoes or tool calls Sent read twice.
     pub duplicated: usize,
+    /// Echoes Sent read out of their order.
+    pub reordered: usize,
     /// Audio messages on another call's stream.
     pub misrouted: usize,
     /// How long it took.
@@ -101,19 +107,22 @@ impl fmt::Display for ChaosReport {
             .collect();
         write!(
             f,
-            "{} calls ({} audio) in {:.0} s: {} ended, {} lost; faults: {}; checked {} frames, {} audio \
-             messages, {} tool calls: {} lost, {} duplicated, {} misrouted (seed {})",
+            "{} calls ({} audio) in {:.0} s: {} ended, {} lost ({} not by a refused resume); faults: {}; \
+             checked {} frames, {} audio messages, {} tool calls: {} lost, {} duplicated, {} out of order, \
+             {} misrouted (seed {})",
             self.calls,
             self.audio_calls,
             self.took.as_secs_f64(),
             self.ended,
             self.lost,
+            self.lost_otherwise,
             faults.join(", "),
             self.frames_checked,
             self.audio_checked,
             self.tools_checked,
             self.frames_lost,
             self.duplicated,
+            self.reordered,
             self.misrouted,
             self.seed
         )
@@ -180,7 +189,7 @@ pub async fn run(sim: &Sim, agent: &str, plan: &ChaosPlan) -> Result<ChaosReport
         placed.push(call??);
     }
     done.notify_one();
-    let faults = faults.await?;
+    let (faults, doomed) = faults.await?;
 
     let mut report = ChaosReport {
         calls: placed.len(),
@@ -190,11 +199,16 @@ pub async fn run(sim: &Sim, agent: &str, plan: &ChaosPlan) -> Result<ChaosReport
         ..ChaosReport::default()
     };
     for call in &placed {
-        check(sim, call, &mut report)?;
+        check(sim, call, &doomed, &mut report)?;
     }
     report.took = started.elapsed();
-    if report.frames_lost + report.duplicated + report.misrouted > 0 {
+    if report.frames_lost + report.duplicated + report.reordered + report.misrouted > 0 {
         bail!("{report}");
+    }
+    // A host that lost calls no fault meant to lose would pass every other check; a few are allowed (see
+    // the README's known limitations), not more.
+    if report.lost_otherwise > (report.calls / 20).max(2) {
+        bail!("too many calls lost that no refused resume explains: {report}");
     }
     Ok(report)
 }
@@ -290,13 +304,24 @@ fn tool_calls(call: &Call) -> Vec<String> {
         .collect()
 }
 
-fn check(sim: &Sim, placed: &Placed, report: &mut ChaosReport) -> Result<()> {
+fn check(
+    sim: &Sim,
+    placed: &Placed,
+    doomed: &BTreeSet<String>,
+    report: &mut ChaosReport,
+) -> Result<()> {
     let call = &placed.call;
     let state = call.state();
     let lost = state.as_ref().is_some_and(|s| s.lost);
     let ended = state.as_ref().and_then(|s| s.ended.clone());
     match (lost, ended.as_deref()) {
-        (true, _) => report.lost += 1,
+        (true, _) => {
+            report.lost += 1;
+            if !doomed.contains(&call.id) {
+                report.lost_otherwise += 1;
+                eprintln!("call {} was lost, and no fault meant it to be", call.id);
+            }
+        }
         (false, Some("completed")) => report.ended += 1,
         (false, other) => bail!(
             "call {} ended as {other:?}, neither completed nor lost",
@@ -312,6 +337,7 @@ fn check(sim: &Sim, placed: &Placed, report: &mut ChaosReport) -> Result<()> {
         let in_order = echoes.windows(2).all(|w| w[0] < w[1]);
         let missing = (0..expected).filter(|i| !distinct.contains(i)).count();
         report.frames_lost += missing;
+        report.reordered += echoes.windows(2).filter(|w| w[0] > w[1]).count();
         if missing > 0 || !in_order {
             eprintln!(
                 "call {} (lost: {lost}): echoes {echoes:?}, expected 0..{expected}",
@@ -323,9 +349,11 @@ fn check(sim: &Sim, placed: &Placed, report: &mut ChaosReport) -> Result<()> {
         report.tools_checked += refs.len();
         let distinct: BTreeSet<&String> = refs.iter().collect();
         report.duplicated += refs.len() - distinct.len();
+        // Each "dtmf" is one tool call: fewer on a call not lost is a loss, more anywhere a repeat.
         if !lost && refs.len() < placed.tools {
             report.frames_lost += placed.tools - refs.len();
         }
+        report.duplicated += refs.len().saturating_sub(placed.tools);
         let answered: BTreeSet<String> = sim
             .recorder()
             .since(0, |r| {
@@ -361,7 +389,7 @@ fn check(sim: &Sim, placed: &Placed, report: &mut ChaosReport) -> Result<()> {
     Ok(())
 }
 
-/// Faults at random moments until `done`; returns how many of each.
+/// Faults at random moments until `done`; returns how many of each, and the calls meant to be lost.
 async fn chaos(
     sim: Sim,
     agent: String,
@@ -369,9 +397,10 @@ async fn chaos(
     seed: u64,
     live: Arc<Mutex<Vec<Call>>>,
     done: Arc<tokio::sync::Notify>,
-) -> BTreeMap<&'static str, usize> {
+) -> (BTreeMap<&'static str, usize>, BTreeSet<String>) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut faults = BTreeMap::new();
+    let mut doomed = BTreeSet::new();
     let (low, high) = plan.fault_every;
     // Only connections that have had time to answer a ping are hit: the host backs off (up to 30 s) from
     // connections that die before that, as the protocol says, and the calls would wait out their windows.
@@ -380,7 +409,7 @@ async fn chaos(
     loop {
         let pause = low + (high.saturating_sub(low)).mul_f64(rng.f64());
         tokio::select! {
-            _ = done.notified() => return faults,
+            _ = done.notified() => return (faults, doomed),
             _ = tokio::time::sleep(pause) => {}
         }
         let open: Vec<ConnHandle> = sim
@@ -431,6 +460,7 @@ async fn chaos(
                     continue;
                 };
                 call.expire_resume();
+                doomed.insert(call.id.clone());
                 sim.conn(on).drop_abruptly();
                 "resume_failed"
             }
