@@ -601,6 +601,40 @@ mod tests {
     }
 
     #[test]
+    fn components_with_no_index_are_kept_when_the_registry_opens() {
+        let mut registry = registry("no-index");
+        let kept = registry
+            .add_version("acme", "agent_a", b"kept", 0, false)
+            .unwrap();
+        let dir = registry_dir("no-index");
+        // A restore that has not put the index back yet, or an index deleted by hand.
+        std::fs::remove_file(dir.join("index.json")).unwrap();
+        let reopened = Registry::open(Box::new(DiskStore::new(&dir).unwrap())).unwrap();
+        assert!(reopened.active().is_empty());
+        assert_eq!(reopened.store.list().unwrap(), vec![kept.digest]);
+    }
+
+    #[test]
+    fn a_version_added_active_is_active_in_the_same_write() {
+        let mut registry = registry("add-active");
+        registry
+            .add_version("acme", "agent_a", b"v1", 0, true)
+            .unwrap();
+        let two = registry
+            .add_version("acme", "agent_a", b"v2", 0, true)
+            .unwrap();
+        let dir = registry_dir("add-active");
+        let reopened = Registry::open(Box::new(DiskStore::new(&dir).unwrap())).unwrap();
+        let record = reopened.agent("acme", "agent_a").unwrap();
+        assert_eq!(record.active, Some(two.version));
+        assert_eq!(
+            record.previous,
+            vec![1],
+            "a rollback returns to the version active before"
+        );
+    }
+
+    #[test]
     fn deleting_returns_the_components_no_version_needs_any_more() {
         let mut registry = registry("unused");
         let shared = registry
