@@ -45,7 +45,8 @@ async fn calls_survive_sent_dropping_draining_and_refusing_at_random_with_nothin
     println!("chaos: {report}");
 
     // Both sides agree on how every call finished (the host counts a call once it has heard its end).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // (A call still detached is lost once its resume window, 15 s, has passed.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let stats = host.stats.clone();
     while stats.sessions_ended.get() + stats.sessions_lost.get() < report.calls as u64 {
         assert!(
@@ -54,14 +55,16 @@ async fn calls_survive_sent_dropping_draining_and_refusing_at_random_with_nothin
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A call the caller ended while it was detached never told the agent so: the host, having given it
+    // up, counts it lost.
     assert_eq!(
         stats.sessions_lost.get(),
-        report.lost as u64,
+        (report.lost + report.ended_unheard) as u64,
         "seed {seed}: {stats}\n{report}"
     );
     assert_eq!(
         stats.sessions_ended.get(),
-        report.ended as u64,
+        (report.ended - report.ended_unheard) as u64,
         "seed {seed}: {stats}\n{report}"
     );
     assert_eq!(stats.traps(), 0, "seed {seed}: {stats}");

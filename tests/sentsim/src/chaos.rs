@@ -14,8 +14,9 @@
 //!   a prefix of them (no gap) on a lost one;
 //! - every tool call was a new one (no `call_ref` twice, no more of them than "dtmf" lines) and Sent
 //!   answered each; all of them on a call not lost;
-//! - a call was lost only if a fault meant it to be (a `resume_failed`), but for a few (at most one call in
-//!   twenty, or two): a host that lost calls at will would otherwise pass;
+//! - a call was lost only if a fault meant it to be (a `resume_failed`, or a connection closed or dropped
+//!   while the call's resume on it was unanswered, which the protocol loses), but for a few (at most one
+//!   call in twenty, or two): a host that lost calls at will would otherwise pass;
 //! - every audio message the agent sent for a call carries that call's tag: no audio on another's stream;
 //! - every call either ended as the caller ended it or was lost, and no other way (the host's counts of
 //!   ended and lost calls are for the caller to compare with [`ChaosReport`]);
@@ -72,6 +73,10 @@ pub struct ChaosReport {
     pub audio_calls: usize,
     /// Calls the caller ended (Sent counted them ended).
     pub ended: usize,
+    /// Of those, calls the caller ended while they were detached, whose `session.end` never reached the
+    /// agent: an agent that had given them up (an unanswered resume on a connection that closed) counts
+    /// them lost.
+    pub ended_unheard: usize,
     /// Calls lost: their resume was refused, and they went to their fallback.
     pub lost: usize,
     /// Of those, calls lost that no fault meant to lose (every `resume_failed` fault dooms one call).
@@ -107,13 +112,15 @@ impl fmt::Display for ChaosReport {
             .collect();
         write!(
             f,
-            "{} calls ({} audio) in {:.0} s: {} ended, {} lost ({} not by a refused resume); faults: {}; \
+            "{} calls ({} audio) in {:.0} s: {} ended ({} while detached), {} lost ({} not by a refused \
+             resume); faults: {}; \
              checked {} frames, {} audio messages, {} tool calls: {} lost, {} duplicated, {} out of order, \
              {} misrouted (seed {})",
             self.calls,
             self.audio_calls,
             self.took.as_secs_f64(),
             self.ended,
+            self.ended_unheard,
             self.lost,
             self.lost_otherwise,
             faults.join(", "),
@@ -317,12 +324,24 @@ fn check(
     match (lost, ended.as_deref()) {
         (true, _) => {
             report.lost += 1;
-            if !doomed.contains(&call.id) {
+            if !doomed.contains(&call.id) && !resume_cut_short(sim, &call.id) {
                 report.lost_otherwise += 1;
                 eprintln!("call {} was lost, and no fault meant it to be", call.id);
             }
         }
-        (false, Some("completed")) => report.ended += 1,
+        (false, Some("completed")) => {
+            report.ended += 1;
+            let heard = !sim
+                .recorder()
+                .since(0, |r| {
+                    r.session.as_deref() == Some(call.id.as_str())
+                        && r.is_frame(Dir::ToAgent, "session.end")
+                })
+                .is_empty();
+            if !heard {
+                report.ended_unheard += 1;
+            }
+        }
         (false, other) => bail!(
             "call {} ended as {other:?}, neither completed nor lost",
             call.id
@@ -387,6 +406,32 @@ fn check(
         }
     }
     Ok(())
+}
+
+/// Whether a `session.resume` of the session went unanswered on a connection that then closed: the
+/// protocol loses such a call (§5.6: its resume token may already be spent), so a fault that closed or
+/// dropped that connection meant it to be lost.
+fn resume_cut_short(sim: &Sim, session: &str) -> bool {
+    let records = sim.recorder().since(0, |r| {
+        r.session.as_deref() == Some(session) || matches!(r.what, What::Closed { .. })
+    });
+    records
+        .iter()
+        .filter(|r| r.is_frame(Dir::FromAgent, "session.resume"))
+        .any(|resume| {
+            let later = || {
+                records
+                    .iter()
+                    .filter(|r| r.seq > resume.seq && r.conn == resume.conn)
+            };
+            let answered = later().any(|r| {
+                r.session.as_deref() == Some(session)
+                    && (r.is_frame(Dir::ToAgent, "session.resumed")
+                        || r.is_frame(Dir::ToAgent, "error"))
+            });
+            let closed = later().any(|r| matches!(r.what, What::Closed { .. }));
+            !answered && closed
+        })
 }
 
 /// Faults at random moments until `done`; returns how many of each, and the calls meant to be lost.
