@@ -46,11 +46,7 @@ pub fn run(data: &[u8]) {
     let keys: Vec<String> = config
         .tenants
         .iter()
-        .filter_map(|t| match (&t.api_key_env, &t.api_key_file) {
-            (Some(name), None) => Some(key_of(KeySource::Env(name))),
-            (None, Some(path)) => Some(key_of(KeySource::File(path))),
-            _ => None,
-        })
+        .filter_map(|t| t.key_source().ok().map(key_of))
         .collect();
     let tenants = match config.tenants_with(|source| Ok(key_of(source))) {
         Ok(tenants) => tenants,

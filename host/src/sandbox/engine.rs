@@ -3,7 +3,7 @@
 
 use super::guest_log::clip;
 use super::imports::HostState;
-use super::{bindings, limits, outbound, TICK};
+use super::{bindings, limits, outbound, Limits, TICK};
 use crate::content::{remove_partials, write_atomically, Digest};
 use anyhow::Result;
 use std::collections::BTreeSet;
@@ -320,10 +320,17 @@ impl AgentCode {
         self.cached
     }
 
-    /// The initial size of the component's largest memory, as it declares it: an instance cannot start
-    /// under a memory limit below this (the limit counts all its memories together, so it may need more).
-    pub fn least_memory_bytes(&self) -> u64 {
-        self.least_memory_bytes
+    /// Why an instance of this code could never start under `limits`, if so: the initial size its largest
+    /// memory declares is over the memory limit. (The limit counts all its memories together, so code that
+    /// passes may still need more; wasmtime cannot tell when the component instantiates an imported module.)
+    pub fn never_fits(&self, limits: &Limits) -> Option<String> {
+        (self.least_memory_bytes > limits.memory_bytes as u64).then(|| {
+            format!(
+                "the component's initial memory is {:.1} MiB, over the agent's memory_mib = {}",
+                self.least_memory_bytes as f64 / (1 << 20) as f64,
+                limits.memory_bytes >> 20
+            )
+        })
     }
 }
 

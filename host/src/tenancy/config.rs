@@ -281,7 +281,7 @@ impl KeySource<'_> {
 
 impl TenantConfig {
     /// Where its key is: exactly one of `api_key_env` and `api_key_file`.
-    fn key_source(&self) -> anyhow::Result<KeySource<'_>> {
+    pub fn key_source(&self) -> anyhow::Result<KeySource<'_>> {
         match (&self.api_key_env, &self.api_key_file) {
             (Some(var), None) => Ok(KeySource::Env(var)),
             (None, Some(file)) => Ok(KeySource::File(file)),

@@ -7,7 +7,6 @@ use super::config::{ServeConfig, Tenant, TokenHash};
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
 use crate::content::Digest;
-use crate::sandbox::limits;
 use crate::sandbox::{AgentCode, Limits, LoadError, Sandbox};
 
 use crate::stats::{Counter, LiveSession, Stats};
@@ -541,19 +540,10 @@ impl Tenancy {
     /// Refuses code whose instances could never start under the agent's limits, so that the upload (or
     /// the activation or rollback, after the limits were lowered) fails, not every call.
     fn check_fits(&self, tenant: &str, agent: &str, code: &AgentCode) -> Result<(), ServeError> {
-        let limit_mib = self
-            .tenant(tenant)
-            .map_or(limits::DEFAULTS.memory_mib, |t| {
-                t.agent_limits(agent).memory_mib
-            });
-        let needs = code.least_memory_bytes();
-        if needs > limit_mib << 20 {
-            return Err(ServeError::OverLimits(format!(
-                "the component's initial memory is {:.1} MiB, over the agent's memory_mib = {limit_mib}",
-                needs as f64 / (1 << 20) as f64
-            )));
+        match code.never_fits(&self.limits(tenant, agent)) {
+            Some(why) => Err(ServeError::OverLimits(why)),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Compiles `wasm` (or loads it from the cache); `digest` when the registry has just checked it.
@@ -584,15 +574,18 @@ impl Tenancy {
     }
 
     fn rules(&self, tenant: &str, agent: &str, record: &AgentRecord) -> CallRules {
-        let policy = record.failure_policy.clone();
-        let limits = match self.tenant(tenant) {
-            Some(tenant) => Limits::of(&tenant.agent_limits(agent), tenant.http.clone()),
-            None => Default::default(),
-        };
         CallRules {
-            limits,
-            policy,
+            limits: self.limits(tenant, agent),
+            policy: record.failure_policy.clone(),
             ..CallRules::default()
+        }
+    }
+
+    /// The limits an agent's calls run under: its tenant's for it, or the defaults.
+    fn limits(&self, tenant: &str, agent: &str) -> Limits {
+        match self.tenant(tenant) {
+            Some(tenant) => Limits::of(&tenant.agent_limits(agent), tenant.http.clone()),
+            None => Limits::default(),
         }
     }
 

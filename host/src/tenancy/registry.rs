@@ -239,16 +239,7 @@ impl Registry {
             );
             return Ok(registry);
         }
-        let used = registry.in_use();
-        let mut removed = 0;
-        for digest in stored.iter().filter(|d| !used.contains(*d)) {
-            match registry.store.delete(digest) {
-                Ok(()) => removed += 1,
-                Err(error) => {
-                    tracing::warn!(%digest, %error, "could not delete a component no version refers to")
-                }
-            }
-        }
+        let removed = registry.collect(stored).len();
         if removed > 0 {
             tracing::info!(removed, "removed components no version refers to");
         }

@@ -167,7 +167,11 @@ async fn one_host_call_carrying_more_than_the_cap_traps_before_the_host_copies_i
 /// Reads the agent's frames until an `agent.say` whose text is `wanted`; when 5 s pass without one, says
 /// `ask` (up to five times). Right after a flood of `say`s the call's queue may still be full, and the
 /// agent's answer is refused `over-limit` until Sent has read what is queued.
-async fn ask_until(call: &mut Call, ask: &str, wanted: impl Fn(&str) -> bool) -> serde_json::Value {
+pub(crate) async fn ask_until(
+    call: &mut Call,
+    ask: &str,
+    wanted: impl Fn(&str) -> bool,
+) -> serde_json::Value {
     let mut asked = 0;
     loop {
         match call.expect_frame(ask, |_| true).await {

@@ -3,6 +3,7 @@
 //! was saved), applies the failure policy when the traps keep coming, and breaks no protocol rule meanwhile.
 //! Everything runs on loopback against the Sent simulator.
 
+use crate::containment::ask_until;
 use sentsim::Call;
 use std::time::{Duration, Instant};
 use voicehost::agent::{CallRules, FailurePolicy};
@@ -152,20 +153,9 @@ async fn an_endless_loop_through_each_import_is_interrupted_at_its_cpu_deadline_
         );
         // The call goes on. (Right after a `say` loop the call's queue may still be full, and a `say` is
         // refused `over-limit` until Sent has read it: ask again until the answer comes.)
-        let after = format!("after {import}");
-        call.say(&format!("echo {after}"));
-        let mut asked = 1;
-        loop {
-            match call.expect_frame(&after, |_| true).await {
-                Ok(frame) if frame["text"] == after.as_str() => break,
-                Ok(_) => {}
-                Err(error) => {
-                    assert!(asked < 5, "{import}: {error:#}");
-                    call.say(&format!("echo {after}"));
-                    asked += 1;
-                }
-            }
-        }
+        let ask = format!("echo after {import}");
+        call.say(&ask);
+        ask_until(&mut call, &ask, |text| text == &ask["echo ".len()..]).await;
     }
     host.finish().await;
 }

@@ -263,11 +263,11 @@ async fn place(call: Call, n: usize, is_audio: bool, plan: ChaosPlan, seed: u64)
         if state.as_ref().is_some_and(|s| s.lost) {
             break;
         }
-        let answered = echoes(&call, n).len() >= plan.lines && tool_calls(&call).len() >= tools;
-        if is_audio || answered {
-            if is_audio {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
+        if is_audio {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            break;
+        }
+        if echoes(&call, n).len() >= plan.lines && tool_calls(&call).len() >= tools {
             break;
         }
         if Instant::now() > deadline {

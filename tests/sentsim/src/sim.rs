@@ -269,6 +269,11 @@ impl Sess {
     fn live(&self) -> bool {
         self.ended.is_none() && !self.lost
     }
+
+    /// Detached longer than `window`: Sent has sent the call to its fallback, and refuses its resume.
+    fn window_passed(&self, window: Duration) -> bool {
+        self.detached_at.is_some_and(|at| at.elapsed() > window)
+    }
 }
 
 struct State {
@@ -1108,7 +1113,7 @@ impl Sim {
             );
             return;
         }
-        let out_of_window = sess.detached_at.is_some_and(|at| at.elapsed() > window);
+        let out_of_window = sess.window_passed(window);
         if sess.expired || out_of_window {
             // The token was good but its window has passed: the call has gone to its fallback.
             sess.lost = true;
@@ -1993,10 +1998,7 @@ impl Call {
             resuming: s.resuming.is_some(),
             ended: s.ended.clone(),
             // Detached past its window with no resume under way: Sent has sent the call to its fallback.
-            lost: s.lost
-                || (s.ended.is_none()
-                    && s.resuming.is_none()
-                    && s.detached_at.is_some_and(|at| at.elapsed() > window)),
+            lost: s.lost || (s.ended.is_none() && s.resuming.is_none() && s.window_passed(window)),
         })
     }
 

@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::error::{CapacityError, UrlError};
+use tokio_tungstenite::tungstenite::handshake::client::Request;
 use tokio_tungstenite::tungstenite::http::header::{AUTHORIZATION, SEC_WEBSOCKET_PROTOCOL};
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -124,17 +125,9 @@ impl Dial {
     }
 
     /// Whether `url` can be dialled: it parses as a request URL and its scheme is `ws` or `wss`. The config
-    /// checks the Sent URL with this at start, and every handshake again.
+    /// checks the Sent URL with this at start; every handshake builds its request with it.
     pub fn check_url(url: &str) -> Result<(), ConnectError> {
-        let request = url
-            .into_client_request()
-            .map_err(|e| ConnectError::Invalid(format!("the URL does not work: {e}")))?;
-        if !matches!(request.uri().scheme_str(), Some("ws" | "wss")) {
-            return Err(ConnectError::Invalid(
-                "the URL's scheme must be ws or wss".into(),
-            ));
-        }
-        Ok(())
+        client_request(url).map(drop)
     }
 
     /// The URL with `agent_id` appended (`?` or `&`).
@@ -311,12 +304,21 @@ pub fn websocket_config() -> WebSocketConfig {
 
 // ----- the handshake -----
 
-async fn handshake(dial: &Dial) -> Result<Socket, ConnectError> {
-    let url = dial.connect_url();
-    Dial::check_url(&url)?;
-    let mut request = url
+/// The upgrade request for `url`, if it parses and its scheme is `ws` or `wss`.
+fn client_request(url: &str) -> Result<Request, ConnectError> {
+    let request = url
         .into_client_request()
         .map_err(|e| ConnectError::Invalid(format!("the URL does not work: {e}")))?;
+    if !matches!(request.uri().scheme_str(), Some("ws" | "wss")) {
+        return Err(ConnectError::Invalid(
+            "the URL's scheme must be ws or wss".into(),
+        ));
+    }
+    Ok(request)
+}
+
+async fn handshake(dial: &Dial) -> Result<Socket, ConnectError> {
+    let mut request = client_request(&dial.connect_url())?;
     let mut authorization = HeaderValue::from_str(&format!("Bearer {}", dial.api_key.expose()))
         .map_err(|_| ConnectError::Invalid("the API key cannot be a header value".into()))?;
     authorization.set_sensitive(true);
