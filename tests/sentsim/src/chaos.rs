@@ -73,12 +73,15 @@ pub struct ChaosReport {
     pub audio_calls: usize,
     /// Calls the caller ended (Sent counted them ended).
     pub ended: usize,
-    /// Of those, calls the caller ended while they were detached, whose `session.end` never reached the
-    /// agent: an agent that had given them up (an unanswered resume on a connection that closed) counts
-    /// them lost.
+    /// Of those, calls whose `session.end` never reached the agent: it was sent while they were detached,
+    /// or the agent had given them up (an unanswered resume on a connection that closed, §5.6) before the
+    /// replay that carried it. The agent counts them lost.
     pub ended_unheard: usize,
     /// Calls lost: their resume was refused, and they went to their fallback.
     pub lost: usize,
+    /// Of those, calls whose `session.start` the agent never heard: the connection carrying it closed
+    /// before the agent answered anything of the call, so it never knew the call (and counts nothing).
+    pub start_unheard: usize,
     /// Of those, calls lost that no fault meant to lose (every `resume_failed` fault dooms one call).
     pub lost_otherwise: usize,
     /// Faults, by kind.
@@ -112,8 +115,8 @@ impl fmt::Display for ChaosReport {
             .collect();
         write!(
             f,
-            "{} calls ({} audio) in {:.0} s: {} ended ({} while detached), {} lost ({} not by a refused \
-             resume); faults: {}; \
+            "{} calls ({} audio) in {:.0} s: {} ended ({} unheard by the agent), {} lost ({} never heard by \
+             the agent, {} not by a refused resume); faults: {}; \
              checked {} frames, {} audio messages, {} tool calls: {} lost, {} duplicated, {} out of order, \
              {} misrouted (seed {})",
             self.calls,
@@ -122,6 +125,7 @@ impl fmt::Display for ChaosReport {
             self.ended,
             self.ended_unheard,
             self.lost,
+            self.start_unheard,
             self.lost_otherwise,
             faults.join(", "),
             self.frames_checked,
@@ -324,21 +328,27 @@ fn check(
     match (lost, ended.as_deref()) {
         (true, _) => {
             report.lost += 1;
-            if !doomed.contains(&call.id) && !resume_cut_short(sim, &call.id) {
+            let start_unheard = start_cut_short(sim, &call.id);
+            report.start_unheard += usize::from(start_unheard);
+            if !doomed.contains(&call.id) && !start_unheard && !resume_cut_short(sim, &call.id) {
                 report.lost_otherwise += 1;
-                eprintln!("call {} was lost, and no fault meant it to be", call.id);
+                eprintln!(
+                    "call {} was lost, and no fault meant it to be; its record:\n{}",
+                    call.id,
+                    story(sim, &call.id)
+                );
             }
         }
         (false, Some("completed")) => {
             report.ended += 1;
-            let heard = !sim
+            let sent = !sim
                 .recorder()
                 .since(0, |r| {
                     r.session.as_deref() == Some(call.id.as_str())
                         && r.is_frame(Dir::ToAgent, "session.end")
                 })
                 .is_empty();
-            if !heard {
+            if !sent || resume_cut_short(sim, &call.id) {
                 report.ended_unheard += 1;
             }
         }
@@ -432,6 +442,49 @@ fn resume_cut_short(sim: &Sim, session: &str) -> bool {
             let closed = later().any(|r| matches!(r.what, What::Closed { .. }));
             !answered && closed
         })
+}
+
+/// Whether the agent never heard of the session: it sent nothing of it, and the connection that carried
+/// its `session.start` closed (a fault lost the call before the agent knew it).
+fn start_cut_short(sim: &Sim, session: &str) -> bool {
+    let records = sim.recorder().since(0, |r| {
+        r.session.as_deref() == Some(session) || matches!(r.what, What::Closed { .. })
+    });
+    let answered = records
+        .iter()
+        .any(|r| r.dir == Dir::FromAgent && r.session.as_deref() == Some(session));
+    let start = records
+        .iter()
+        .find(|r| r.is_frame(Dir::ToAgent, "session.start"));
+    !answered
+        && start.is_some_and(|start| {
+            records.iter().any(|r| {
+                r.seq > start.seq && r.conn == start.conn && matches!(r.what, What::Closed { .. })
+            })
+        })
+}
+
+/// The session's frames and the closes of the connections it was on, a line each: why a call was lost.
+fn story(sim: &Sim, session: &str) -> String {
+    let records = sim.recorder().since(0, |r| {
+        r.session.as_deref() == Some(session) || matches!(r.what, What::Closed { .. })
+    });
+    let conns: BTreeSet<u32> = records
+        .iter()
+        .filter(|r| r.session.as_deref() == Some(session))
+        .map(|r| r.conn)
+        .collect();
+    records
+        .iter()
+        .filter(|r| r.session.as_deref() == Some(session) || conns.contains(&r.conn))
+        .filter(|r| {
+            !matches!(r.what, What::Audio { .. })
+                && !r.is_frame(Dir::ToAgent, "user.said")
+                && !r.is_frame(Dir::FromAgent, "agent.say")
+        })
+        .map(|r| format!("  {r}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Faults at random moments until `done`; returns how many of each, and the calls meant to be lost.
