@@ -41,7 +41,7 @@ struct Hosted {
 
 impl Hosted {
     async fn start(config: &Path) -> Result<Hosted> {
-        let tenancy = Tenancy::open(&ServeConfig::read(config)?)?;
+        let tenancy = Tenancy::open(&ServeConfig::read(config)?, None)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let admin = format!("http://{}", listener.local_addr()?);
         let router = voicehost::api::router(tenancy.clone());

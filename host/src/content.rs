@@ -84,6 +84,12 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// What the name of a file being written by [`write_atomically`] has in its extension, before the pid.
 const PARTIAL: &str = "partial-";
 
+/// The extension of a file this process is writing, the `n`th: one [`remove_partials`] removes if a crash
+/// leaves it.
+pub fn partial_suffix(n: u64) -> String {
+    format!("{PARTIAL}{}-{n}", std::process::id())
+}
+
 /// Removes what writes cut short left in `dir` (a process killed between writing and renaming); returns how
 /// many. Only for a directory no other writer is using at the time (a store or cache being opened).
 pub fn remove_partials(dir: &Path) -> std::io::Result<usize> {

@@ -13,6 +13,7 @@ use voicehost::agent::{self, AgentConfig};
 use voicehost::agent::{CallRules, FailurePolicy};
 use voicehost::api;
 use voicehost::cli;
+use voicehost::sandbox::compiler;
 use voicehost::sandbox::limits::{self, ResolvedLimits};
 use voicehost::sandbox::{HttpPolicy, Origin};
 use voicehost::sandbox::{Limits, Sandbox};
@@ -46,6 +47,18 @@ enum Command {
     Token(cli::TokenCommand),
     /// Serve one agent's calls until SIGINT or SIGTERM. The API key comes from SENT_API_KEY or --api-key-file.
     Run(RunArgs),
+    /// Compile a component from stdin under limits (what `serve` runs for each upload; not for people).
+    #[command(name = "compile-component", hide = true)]
+    CompileComponent {
+        #[arg(long)]
+        output: PathBuf,
+        #[arg(long)]
+        cpu_seconds: u64,
+        #[arg(long)]
+        memory_bytes: u64,
+        #[arg(long)]
+        parent: u32,
+    },
 }
 
 #[derive(clap::Args)]
@@ -92,22 +105,37 @@ struct RunArgs {
 }
 
 fn main() {
-    if let Err(error) = start() {
+    let command = match Cli::parse().command {
+        // Before anything else (no runtime, no log): the child only compiles.
+        Command::CompileComponent {
+            output,
+            cpu_seconds,
+            memory_bytes,
+            parent,
+        } => std::process::exit(compiler::child_main(
+            &output,
+            cpu_seconds,
+            memory_bytes,
+            parent,
+        )),
+        command => command,
+    };
+    if let Err(error) = start(command) {
         // The cause chain, without a backtrace: a refusal or a bad component is the user's to fix.
         eprintln!("voicehost: {error:#}");
         std::process::exit(1);
     }
 }
 
-fn start() -> Result<()> {
+fn start(command: Command) -> Result<()> {
     voicehost::logging::init("info,wasmtime=warn,cranelift=warn");
-    let cli = Cli::parse();
     let runtime = tokio::runtime::Runtime::new()?;
-    match cli.command {
+    match command {
         Command::Serve { config } => runtime.block_on(serve(&config)),
         Command::Agents(args) => runtime.block_on(cli::run(args)),
         Command::Token(command) => cli::token(command),
         Command::Run(args) => runtime.block_on(run(args)),
+        Command::CompileComponent { .. } => Ok(()),
     }
 }
 
@@ -169,7 +197,10 @@ async fn run(args: RunArgs) -> Result<()> {
 
 async fn serve(path: &std::path::Path) -> Result<()> {
     let config = ServeConfig::read(path)?;
-    let tenancy = Tenancy::open(&config)?;
+    // Uploads compile in children of this very binary, under `[compile]`'s bounds.
+    let program =
+        std::env::current_exe().context("cannot find the voicehost binary to compile with")?;
+    let tenancy = Tenancy::open(&config, Some(program))?;
     let listener = tokio::net::TcpListener::bind(config.admin.listen)
         .await
         .with_context(|| format!("the admin API cannot listen on {}", config.admin.listen))?;

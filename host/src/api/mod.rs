@@ -122,12 +122,16 @@ impl From<ServeError> for ApiError {
             ServeError::Load(LoadError::CoreModule) => ErrorCode::CoreModule,
             ServeError::Load(LoadError::Invalid(_)) => ErrorCode::InvalidComponent,
             ServeError::Load(LoadError::WrongWorld(_)) => ErrorCode::WrongWorld,
-            ServeError::OverLimits(_) => ErrorCode::OverLimits,
+            ServeError::OverLimits(_) | ServeError::Load(LoadError::TooCostly(_)) => {
+                ErrorCode::OverLimits
+            }
             ServeError::Registry(RegistryError::NoAgent(_) | RegistryError::NoVersion { .. }) => {
                 ErrorCode::NotFound
             }
             ServeError::Registry(RegistryError::Conflict(_)) => ErrorCode::Conflict,
-            ServeError::Registry(_) | ServeError::Internal(_) => {
+            ServeError::Registry(_)
+            | ServeError::Internal(_)
+            | ServeError::Load(LoadError::Compiler(_)) => {
                 tracing::error!(error = message, "the admin API failed");
                 return ApiError::new(ErrorCode::Internal, "the host failed; its log says why");
             }

@@ -40,7 +40,7 @@ fn tenancy(name: &str) -> (Arc<Tenancy>, Dir) {
         tenant("globex", GLOBEX)
     );
     let config: crate::tenancy::ServeConfig = toml::from_str(&text).unwrap();
-    (Tenancy::open(&config).unwrap(), Dir(dir))
+    (Tenancy::open(&config, None).unwrap(), Dir(dir))
 }
 
 /// One request; the status and the body's JSON (`Null` when empty or not JSON).

@@ -1,10 +1,11 @@
 //! The engine all agents share, with the host's imports linked, and compiling: a component checked against
 //! the `agent` world, pre-linked, and kept compiled in the cache.
 
+use super::compiler::{ChildCompiler, ChildFailure};
 use super::guest_log::clip;
 use super::imports::HostState;
 use super::{bindings, limits, outbound, Limits, TICK};
-use crate::content::{remove_partials, write_atomically, Digest};
+use crate::content::{partial_suffix, remove_partials, write_atomically, Digest};
 use anyhow::Result;
 use std::collections::BTreeSet;
 use std::hash::{Hash, Hasher};
@@ -25,32 +26,47 @@ pub struct Sandbox {
     without_http: Arc<Linker<HostState>>,
     /// Where compiled components are kept, by content hash, when set.
     cache: Option<PathBuf>,
+    /// Compiles in a child process under bounds, when set; else in this process, unbounded (tests,
+    /// benches, `voicehost run` of the operator's own file).
+    compiler: Option<ChildCompiler>,
+}
+
+/// The engine's settings: with `for_instances`, the shared pool and parallel compiling; without, what a
+/// process that only compiles needs (no pool, one core). Compiled code depends only on what its hash
+/// covers (target, Cranelift's flags, tunables, features), which both share: the compiling child's code
+/// loads in the host.
+pub(super) fn config(for_instances: bool) -> Config {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    if !for_instances {
+        config.parallel_compilation(false);
+        return config;
+    }
+    // The shared pool. A component over the per-component maxima is refused at upload; under them, one
+    // tenant's calls (`max_sessions`, 100 by default) hold at most 3,200 core instances, 400 memories
+    // and 800 tables of these totals.
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(1000);
+    pool.total_core_instances(10_000);
+    pool.total_memories(2000);
+    pool.total_tables(4000);
+    pool.total_stacks(1000);
+    pool.max_core_instances_per_component(limits::MAX_CORE_INSTANCES_PER_COMPONENT);
+    pool.max_memories_per_component(limits::MAX_MEMORIES_PER_COMPONENT);
+    pool.max_tables_per_component(limits::MAX_TABLES_PER_COMPONENT);
+    pool.max_memory_size((limits::MAX_MEMORY_MIB as usize) << 20);
+    pool.max_component_instance_size(1 << 20);
+    pool.max_core_instance_size(1 << 20);
+    pool.table_elements(limits::MAX_TABLE_ELEMENTS);
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    config
 }
 
 impl Sandbox {
     /// A new engine (pooling allocator, epoch interruption) with the host's imports linked, and its epoch
     /// ticker thread; no cache.
     pub fn new() -> Result<Sandbox> {
-        let mut config = Config::new();
-        config.epoch_interruption(true);
-        // The shared pool. A component over the per-component maxima is refused at upload; under them, one
-        // tenant's calls (`max_sessions`, 100 by default) hold at most 3,200 core instances, 400 memories
-        // and 800 tables of these totals.
-        let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(1000);
-        pool.total_core_instances(10_000);
-        pool.total_memories(2000);
-        pool.total_tables(4000);
-        pool.total_stacks(1000);
-        pool.max_core_instances_per_component(limits::MAX_CORE_INSTANCES_PER_COMPONENT);
-        pool.max_memories_per_component(limits::MAX_MEMORIES_PER_COMPONENT);
-        pool.max_tables_per_component(limits::MAX_TABLES_PER_COMPONENT);
-        pool.max_memory_size((limits::MAX_MEMORY_MIB as usize) << 20);
-        pool.max_component_instance_size(1 << 20);
-        pool.max_core_instance_size(1 << 20);
-        pool.table_elements(limits::MAX_TABLE_ELEMENTS);
-        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config)?;
+        let engine = Engine::new(&config(true))?;
         let mut without_http: Linker<HostState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut without_http)?;
         bindings::Agent::add_to_linker::<HostState, HasSelf<HostState>>(&mut without_http, |s| s)?;
@@ -72,7 +88,15 @@ impl Sandbox {
             linker: Arc::new(linker),
             without_http: Arc::new(without_http),
             cache: None,
+            compiler: None,
         })
+    }
+
+    /// Compiles in a child process under `compiler`'s bounds (see [`compiler`](super::compiler)) rather
+    /// than in this one: what `serve` does with uploads.
+    pub fn with_compiler(mut self, compiler: ChildCompiler) -> Sandbox {
+        self.compiler = Some(compiler);
+        self
     }
 
     /// Keeps what it compiles in `dir`, by the hash of the component and of the engine's settings, so a
@@ -103,38 +127,91 @@ impl Sandbox {
     /// [`Sandbox::load`] for a component whose digest the caller has just checked (the registry does on
     /// every read), so an 18 MB component is not hashed twice on a restart.
     pub fn load_digested(&self, wasm: &[u8], digest: &Digest) -> Result<AgentCode, LoadError> {
-        if !wasm.starts_with(b"\0asm") {
-            return Err(LoadError::NotWasm);
+        check_header(wasm)?;
+        if let Some(loaded) = self.load_cached(digest) {
+            return loaded;
         }
-        if wasm.get(4..8) == Some(&[0x01, 0x00, 0x00, 0x00]) {
-            return Err(LoadError::CoreModule);
+        let component = Component::from_binary(&self.engine, wasm)
+            .map_err(|e| LoadError::Invalid(detail(e)))?;
+        let code = self.checked(&component, false)?;
+        if let Some(path) = self.cache_path(digest) {
+            if let Err(error) = store_atomically(&path, &component) {
+                tracing::warn!(path = %path.display(), error = %format!("{error:#}"), "could not cache a compiled component");
+            }
         }
-        let path = self.cache_path(digest);
-        let cached = path.as_deref().and_then(|path| self.cached(path));
-        let from_cache = cached.is_some();
-        let component = match cached {
-            Some(component) => component,
-            None => Component::from_binary(&self.engine, wasm)
-                .map_err(|e| LoadError::Invalid(detail(e)))?,
+        Ok(code)
+    }
+
+    /// The component at `digest` from the compiled cache, checked against the world, if it is there: no
+    /// compiling, so never waits for one.
+    pub fn load_cached(&self, digest: &Digest) -> Option<Result<AgentCode, LoadError>> {
+        let path = self.cache_path(digest)?;
+        let component = self.cached(&path)?;
+        Some(self.checked(&component, true))
+    }
+
+    /// Compiles `wasm` under the compiler's bounds in a child process when the sandbox has one (else in
+    /// this process, off the async workers), checks it against the world, and keeps it in the cache. The
+    /// child is killed if this future is dropped.
+    pub async fn compile(
+        &self,
+        wasm: bytes::Bytes,
+        digest: &Digest,
+    ) -> Result<AgentCode, LoadError> {
+        check_header(&wasm)?;
+        let Some(compiler) = &self.compiler else {
+            let sandbox = self.clone();
+            let digest = digest.clone();
+            return tokio::task::spawn_blocking(move || sandbox.load_digested(&wasm, &digest))
+                .await
+                .map_err(|e| LoadError::Compiler(format!("the compile stopped: {e}")))?;
         };
+        // Written beside its final name (a file name `remove_partials` knows), renamed once it passed.
+        let dir = self.cache.clone().unwrap_or_else(std::env::temp_dir);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| LoadError::Compiler(format!("cannot create {}: {e}", dir.display())))?;
+        let name = self.cache_name(digest);
+        let output = Partial(dir.join(format!(
+            "{name}.{}",
+            partial_suffix(COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+        )));
+        compiler
+            .compile(&wasm, &output.0)
+            .await
+            .map_err(|failure| match failure {
+                ChildFailure::Refused(why) => LoadError::Invalid(why),
+                ChildFailure::TooCostly(why) => LoadError::TooCostly(why),
+                ChildFailure::Failed(why) => LoadError::Compiler(why),
+            })?;
+        // SAFETY: written by this host's own binary, compiling on this host (the child) with this engine's
+        // settings, just now; nothing from outside is deserialized.
+        #[allow(unsafe_code)]
+        let component = unsafe { Component::deserialize_file(&self.engine, &output.0) }
+            .map_err(|e| LoadError::Compiler(format!("the compiled form does not load: {e:#}")))?;
+        let code = self.checked(&component, false)?;
+        if self.cache.is_some() {
+            if let Err(error) = std::fs::rename(&output.0, dir.join(&name)) {
+                tracing::warn!(%error, "could not cache a compiled component");
+            }
+        }
+        Ok(code)
+    }
+
+    /// Checks a compiled component against the `agent` world, with and without `wasi:http`.
+    fn checked(&self, component: &Component, from_cache: bool) -> Result<AgentCode, LoadError> {
         let pre = self
             .linker
-            .instantiate_pre(&component)
+            .instantiate_pre(component)
             .map_err(|e| LoadError::WrongWorld(format!("its imports: {}", detail(e))))?;
         let pre = bindings::AgentPre::new(pre)
             .map_err(|e| LoadError::WrongWorld(format!("its exports: {}", detail(e))))?;
         // It fits the world with `wasi:http`; without it, the only imports left undefined are
         // `wasi:http`'s, which trap when called (an agent allowed no origin gets nothing of it).
         let mut without_http = (*self.without_http).clone();
-        let pre_without_http = trap_http_imports(&mut without_http, &component)
-            .and_then(|()| without_http.instantiate_pre(&component))
+        let pre_without_http = trap_http_imports(&mut without_http, component)
+            .and_then(|()| without_http.instantiate_pre(component))
             .and_then(bindings::AgentPre::new)
             .map_err(|e| LoadError::WrongWorld(format!("without wasi:http: {}", detail(e))))?;
-        if let (Some(path), false) = (path, from_cache) {
-            if let Err(error) = store_atomically(&path, &component) {
-                tracing::warn!(path = %path.display(), error = %format!("{error:#}"), "could not cache a compiled component");
-            }
-        }
         // Wasm pages are 64 KiB (the custom-page-sizes proposal is not enabled).
         let least_memory_bytes = component
             .resources_required()
@@ -204,6 +281,7 @@ impl Sandbox {
     }
 
     fn cached(&self, path: &Path) -> Option<Component> {
+        // (A cache hit must not wait on anything: this is a stat and an mmap.)
         if !path.exists() {
             return None;
         }
@@ -219,6 +297,29 @@ impl Sandbox {
                 None
             }
         }
+    }
+}
+
+/// What the first bytes say: WebAssembly, and a component rather than a core module.
+fn check_header(wasm: &[u8]) -> Result<(), LoadError> {
+    if !wasm.starts_with(b"\0asm") {
+        return Err(LoadError::NotWasm);
+    }
+    if wasm.get(4..8) == Some(&[0x01, 0x00, 0x00, 0x00]) {
+        return Err(LoadError::CoreModule);
+    }
+    Ok(())
+}
+
+/// Compiles started by this process: each child writes its own file.
+static COMPILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A file being written, removed when dropped unless it was renamed away.
+struct Partial(PathBuf);
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
@@ -298,6 +399,12 @@ pub enum LoadError {
     /// wasmtime refused to validate or compile it: why.
     #[error("the component does not validate or compile: {0}")]
     Invalid(String),
+    /// Compiling it went over a bound of time or memory (see [`CompileBounds`](super::CompileBounds)).
+    #[error("the component costs too much to compile: {0}")]
+    TooCostly(String),
+    /// The compiler itself failed (the host's fault, not the component's): why.
+    #[error("the compiler failed: {0}")]
+    Compiler(String),
     /// Its imports or exports are not the `agent` world's: why.
     #[error("the component does not fit the voicehost:agent world: {0}")]
     WrongWorld(String),

@@ -7,7 +7,8 @@
 //! `wasi:http` is not linked at all: its imports trap. What an instance may hold on the host's side beside
 //! its memory (handles, header fields, body chunks, random bytes) is capped in [`limits`].
 //!
-//! By concern: `engine.rs` (the engine, compiling and the compiled cache), `imports.rs` (the host's side of
+//! By concern: `engine.rs` (the engine, compiling and the compiled cache), `compiler.rs` (compiling an
+//! upload in a child process under bounds), `imports.rs` (the host's side of
 //! the guest's imports, and the meters behind the limits), `instance.rs` (one call's instance and its
 //! handler calls), `trap.rs` (what kind of trap ended a handler), `guest_log.rs` (the guest's log, rate
 //! limited), `limits.rs` (the limits' defaults) and `outbound.rs` (its HTTP requests).
@@ -19,6 +20,7 @@ use std::time::Duration;
 
 use limits::ResolvedLimits;
 
+pub mod compiler;
 mod engine;
 mod guest_log;
 mod imports;
@@ -27,6 +29,7 @@ pub mod limits;
 pub mod outbound;
 mod trap;
 
+pub use compiler::{ChildCompiler, CompileBounds};
 pub use engine::{AgentCode, LoadError, Sandbox};
 pub use instance::{Event, Instance, Outcome, HANDLERS};
 pub use outbound::{HttpPolicy, Origin};

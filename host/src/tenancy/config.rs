@@ -4,6 +4,7 @@
 use crate::agent::{ApiKey, Dial};
 use crate::sandbox::limits::{self, ResolvedLimits};
 use crate::sandbox::outbound::{self, HttpPolicy, Origin};
+use crate::sandbox::CompileBounds;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
@@ -31,9 +32,63 @@ pub struct ServeConfig {
     /// Defaults for every tenant and agent.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// What compiling one upload may cost, and how many compile at once (`[compile]`).
+    #[serde(default)]
+    pub compile: CompileConfig,
     /// The tenants (`[[tenants]]`), as written; [`ServeConfig::tenants()`] reads and checks them.
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
+}
+
+/// `[compile]`: what compiling one upload may cost, and how many compile at once. Each compile runs in a
+/// child process under these bounds; one over them is refused (`422 over_limits`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompileConfig {
+    /// CPU seconds one compile may take; its wall-clock deadline is twice this plus a second.
+    pub cpu_seconds: u64,
+    /// Address space of one compiling process, in MiB.
+    pub memory_mib: u64,
+    /// Compiles at once across tenants (each tenant's one at a time).
+    pub at_once: usize,
+}
+
+/// The ranges of `[compile]`'s settings: (name, least, most).
+pub const COMPILE_RANGES: [(&str, u64, u64); 3] = [
+    ("cpu_seconds", 1, 3600),
+    ("memory_mib", 256, 65_536),
+    ("at_once", 1, 16),
+];
+
+impl Default for CompileConfig {
+    fn default() -> Self {
+        CompileConfig {
+            cpu_seconds: CompileBounds::DEFAULT.cpu.as_secs(),
+            memory_mib: CompileBounds::DEFAULT.memory_bytes >> 20,
+            at_once: 2,
+        }
+    }
+}
+
+impl CompileConfig {
+    /// The bounds of one compile.
+    pub fn bounds(&self) -> CompileBounds {
+        CompileBounds {
+            cpu: Duration::from_secs(self.cpu_seconds),
+            memory_bytes: self.memory_mib << 20,
+        }
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        let values = [self.cpu_seconds, self.memory_mib, self.at_once as u64];
+        for ((name, least, most), value) in COMPILE_RANGES.iter().zip(values) {
+            anyhow::ensure!(
+                (*least..=*most).contains(&value),
+                "compile.{name} = {value}: use {least} to {most}"
+            );
+        }
+        Ok(())
+    }
 }
 
 /// `[admin]`: where the admin API listens and who may read `/metrics`.
@@ -381,6 +436,7 @@ impl ServeConfig {
             config.connections
         );
         config.metrics_token()?;
+        config.compile.check()?;
         Ok(config)
     }
 

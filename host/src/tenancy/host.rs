@@ -3,11 +3,13 @@
 //! admin API activates, rolls back, or deletes versions. Registry changes happen one at a time, under one
 //! lock; serving calls never takes it.
 
+use super::compiling::CompileQueue;
 use super::config::{ServeConfig, Tenant, TokenHash};
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
 use crate::content::Digest;
-use crate::sandbox::{AgentCode, Limits, LoadError, Sandbox};
+use crate::sandbox::{AgentCode, ChildCompiler, Limits, LoadError, Sandbox};
+use std::path::PathBuf;
 
 use crate::stats::{Counter, LiveSession, Stats};
 use std::collections::BTreeMap;
@@ -77,9 +79,8 @@ pub struct Tenancy {
     registry: tokio::sync::Mutex<Registry>,
     running: Mutex<BTreeMap<(String, String), Running>>,
     ready: AtomicBool,
-    /// Compilations at once: an upload compiles on all cores for seconds (Python, JavaScript), so uploads
-    /// wait for each other rather than take every core from the calls being served.
-    compiling: tokio::sync::Semaphore,
+    /// Whose compile runs when: a few at once, one per tenant (see [`CompileQueue`]).
+    compiling: CompileQueue,
     /// Components compiled by this process (a restart with a warm cache compiles none).
     pub compilations: Counter,
     /// Components loaded from the compiled cache.
@@ -88,7 +89,9 @@ pub struct Tenancy {
 
 impl Tenancy {
     /// Opens the data directory and reads every tenant's key. Serves nothing until [`Tenancy::start`].
-    pub fn open(config: &ServeConfig) -> anyhow::Result<Arc<Tenancy>> {
+    /// Uploads compile in child processes of `compiler` (the `voicehost` binary) under the bounds of the
+    /// config's `[compile]`; with `None`, in this process without bounds (for tests and embedding only).
+    pub fn open(config: &ServeConfig, compiler: Option<PathBuf>) -> anyhow::Result<Arc<Tenancy>> {
         let tenants = config
             .tenants()?
             .into_iter()
@@ -100,7 +103,13 @@ impl Tenancy {
         let store = DiskStore::new(config.data_dir.join("components"))
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", config.data_dir.display()))?;
         let registry = Registry::open(Box::new(store))?;
-        let sandbox = Sandbox::new()?.with_cache(config.data_dir.join("compiled"));
+        let mut sandbox = Sandbox::new()?.with_cache(config.data_dir.join("compiled"));
+        if let Some(program) = compiler {
+            sandbox = sandbox.with_compiler(ChildCompiler {
+                program,
+                bounds: config.compile.bounds(),
+            });
+        }
         match sandbox.collect_cache(&registry.in_use()) {
             Ok(0) => {}
             Ok(removed) => tracing::info!(removed, "removed compiled components no version needs"),
@@ -115,7 +124,7 @@ impl Tenancy {
             registry: tokio::sync::Mutex::new(registry),
             running: Mutex::new(BTreeMap::new()),
             ready: AtomicBool::new(false),
-            compiling: tokio::sync::Semaphore::new(1),
+            compiling: CompileQueue::new(config.compile.at_once),
             compilations: Counter::default(),
             cache_loads: Counter::default(),
         }))
@@ -124,9 +133,7 @@ impl Tenancy {
     /// Serves every active version in the registry; then the server is ready.
     pub async fn start(self: &Arc<Tenancy>) {
         let started = Instant::now();
-        let registry = self.registry.lock().await;
-        self.serve_active(&registry).await;
-        drop(registry);
+        self.serve_active().await;
         self.ready.store(true, Ordering::Release);
         tracing::info!(
             agents = self.running().len(),
@@ -137,9 +144,10 @@ impl Tenancy {
         );
     }
 
-    /// Serves the active versions of the config's tenants that are not served yet.
-    async fn serve_active(self: &Arc<Tenancy>, registry: &Registry) {
-        let mut active = registry.active();
+    /// Serves the active versions of the config's tenants that are not served yet. Each is compiled (or
+    /// loaded from the cache) without the registry's lock, and served if it is still the active one.
+    async fn serve_active(self: &Arc<Tenancy>) {
+        let mut active = self.registry.lock().await.active();
         // Smallest first: one large component compiling after a cache loss does not hold up every other
         // agent (each starts serving as soon as it is loaded).
         active.sort_by_key(|(_, _, version)| version.size_bytes);
@@ -155,18 +163,29 @@ impl Tenancy {
             if self.running().contains_key(&key(&tenant, &agent)) {
                 continue;
             }
-            let Ok(record) = registry.agent(&tenant, &agent).cloned() else {
+            let code = match self.code(&tenant, &agent, version.version).await {
+                Ok(code) => code,
+                Err(error) => {
+                    tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version");
+                    continue;
+                }
+            };
+            let registry = self.registry.lock().await;
+            let Ok(record) = registry.agent(&tenant, &agent) else {
                 continue;
             };
-            match self
-                .deployment(registry, &tenant, &agent, &record, &version)
-                .await
+            // Activated, rolled back or deleted meanwhile: that change served what it chose.
+            if record.active != Some(version.version)
+                || self.running().contains_key(&key(&tenant, &agent))
             {
-                Ok(deployment) => self.serve(&tenant, &agent, deployment),
-                Err(error) => {
-                    tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version")
-                }
+                continue;
             }
+            let deployment = Deployment {
+                version: version.version,
+                code,
+                rules: self.rules(&tenant, &agent, record),
+            };
+            self.serve(&tenant, &agent, deployment);
         }
     }
 
@@ -180,6 +199,8 @@ impl Tenancy {
         let metrics_token = config.metrics_token()?;
         // No admin change in between.
         let registry = self.registry.lock().await;
+        self.compiling
+            .retain(|tenant| fresh.iter().any(|t| t.id == tenant));
         let (gone, rekeyed) = {
             let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
             let mut next = BTreeMap::new();
@@ -239,7 +260,8 @@ impl Tenancy {
                     .set_cap(config.agent_session_cap(&agent).unwrap_or(usize::MAX));
             }
         }
-        self.serve_active(&registry).await;
+        drop(registry);
+        self.serve_active().await;
         tracing::info!(
             tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner()).len(),
             removed = gone.len(),
@@ -301,7 +323,11 @@ impl Tenancy {
         activate: bool,
     ) -> Result<VersionRecord, ServeError> {
         check_agent_id(agent)?;
-        let code = self.compile(wasm.clone(), None).await?;
+        let digest = Digest::of(&wasm);
+        // The compiled cache is shared by content, so a tenant's upload compiles unless the tenant itself
+        // has uploaded these bytes before: how long it takes says nothing of other tenants' uploads.
+        let known = self.registry.lock().await.holds(tenant, &digest);
+        let code = self.load(tenant, wasm.clone(), &digest, known).await?;
         self.check_fits(tenant, agent, &code)?;
         let mut registry = self.registry.lock().await;
         // Stored and made active in one write of the index: a crash never leaves it stored but inactive.
@@ -349,10 +375,20 @@ impl Tenancy {
         agent: &str,
         version: u32,
     ) -> Result<AgentRecord, ServeError> {
+        // Compiled (or read from the cache) before anything changes, without the lock: a version that
+        // cannot load is never made active, and no other change waits for a compile.
+        let code = self.code(tenant, agent, version).await?;
         let mut registry = self.registry.lock().await;
-        self.activate_locked(&mut registry, tenant, agent, version)
-            .await?;
-        Ok(registry.agent(tenant, agent)?.clone())
+        registry.activate(tenant, agent, version)?;
+        let record = registry.agent(tenant, agent)?.clone();
+        let deployment = Deployment {
+            version,
+            code,
+            rules: self.rules(tenant, agent, &record),
+        };
+        self.serve(tenant, agent, deployment);
+        tracing::info!(tenant, agent, version, "activated");
+        Ok(record)
     }
 
     /// Goes back to the version active before the current one.
@@ -361,23 +397,32 @@ impl Tenancy {
         tenant: &str,
         agent: &str,
     ) -> Result<AgentRecord, ServeError> {
-        let mut registry = self.registry.lock().await;
-        let record = registry.agent(tenant, agent)?.clone();
-        let Some(&back) = record.previous.last() else {
-            return Err(RegistryError::nothing_to_roll_back(agent).into());
+        let back = {
+            let registry = self.registry.lock().await;
+            let record = registry.agent(tenant, agent)?;
+            match record.previous.last() {
+                Some(&back) => back,
+                None => return Err(RegistryError::nothing_to_roll_back(agent).into()),
+            }
         };
-        let version = registry
-            .agent(tenant, agent)?
-            .version(back)
-            .cloned()
-            .ok_or_else(|| ServeError::Internal(format!("version {back} is gone")))?;
-        let deployment = self
-            .deployment(&registry, tenant, agent, &record, &version)
-            .await?;
+        let code = self.code(tenant, agent, back).await?;
+        let mut registry = self.registry.lock().await;
+        if registry.agent(tenant, agent)?.previous.last() != Some(&back) {
+            return Err(RegistryError::Conflict(format!(
+                "agent {agent} changed while version {back} was being loaded: roll back again"
+            ))
+            .into());
+        }
         registry.rollback(tenant, agent)?;
+        let record = registry.agent(tenant, agent)?.clone();
+        let deployment = Deployment {
+            version: back,
+            code,
+            rules: self.rules(tenant, agent, &record),
+        };
         self.serve(tenant, agent, deployment);
         tracing::info!(tenant, agent, version = back, "rolled back");
-        Ok(registry.agent(tenant, agent)?.clone())
+        Ok(record)
     }
 
     /// The agent's failure policy, for its calls from now on.
@@ -493,48 +538,21 @@ impl Tenancy {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn activate_locked(
-        self: &Arc<Tenancy>,
-        registry: &mut Registry,
-        tenant: &str,
-        agent: &str,
-        version: u32,
-    ) -> Result<(), ServeError> {
-        let record = registry.agent(tenant, agent)?.clone();
-        let chosen = record
-            .version(version)
-            .cloned()
-            .ok_or_else(|| RegistryError::no_version(agent, version))?;
-        // Compiled (or read from the cache) before anything changes: a version that cannot load is never
-        // made active.
-        let deployment = self
-            .deployment(registry, tenant, agent, &record, &chosen)
-            .await?;
-        registry.activate(tenant, agent, version)?;
-        self.serve(tenant, agent, deployment);
-        tracing::info!(tenant, agent, version, "activated");
-        Ok(())
-    }
-
-    /// The version ready to serve: its component from the store, compiled or from the cache.
-    async fn deployment(
-        &self,
-        registry: &Registry,
-        tenant: &str,
-        agent: &str,
-        record: &AgentRecord,
-        version: &VersionRecord,
-    ) -> Result<Deployment, ServeError> {
-        let wasm = registry.component(version)?;
-        let code = self
-            .compile(wasm.into(), Some(version.digest.clone()))
-            .await?;
+    /// A stored version's code, ready to serve under the agent's limits: from the cache, or compiled in
+    /// the tenant's turn. The registry's lock is held only to read the component.
+    async fn code(&self, tenant: &str, agent: &str, version: u32) -> Result<AgentCode, ServeError> {
+        let (wasm, digest) = {
+            let registry = self.registry.lock().await;
+            let chosen = registry
+                .agent(tenant, agent)?
+                .version(version)
+                .cloned()
+                .ok_or_else(|| RegistryError::no_version(agent, version))?;
+            (registry.component(&chosen)?, chosen.digest)
+        };
+        let code = self.load(tenant, wasm.into(), &digest, true).await?;
         self.check_fits(tenant, agent, &code)?;
-        Ok(Deployment {
-            version: version.version,
-            code,
-            rules: self.rules(tenant, agent, record),
-        })
+        Ok(code)
     }
 
     /// Refuses code whose instances could never start under the agent's limits, so that the upload (or
@@ -546,30 +564,24 @@ impl Tenancy {
         }
     }
 
-    /// Compiles `wasm` (or loads it from the cache); `digest` when the registry has just checked it.
-    async fn compile(
+    /// `wasm`'s code: from the compiled cache when `cached_ok` (never waiting for a compile), else
+    /// compiled in `tenant`'s turn of the queue.
+    async fn load(
         &self,
+        tenant: &str,
         wasm: bytes::Bytes,
-        digest: Option<Digest>,
+        digest: &Digest,
+        cached_ok: bool,
     ) -> Result<AgentCode, ServeError> {
-        let sandbox = self.sandbox.clone();
-        let _turn = self
-            .compiling
-            .acquire()
-            .await
-            .map_err(|e| ServeError::Internal(e.to_string()))?;
-        // Compiling a large component takes seconds of CPU: off the async workers.
-        let code = tokio::task::spawn_blocking(move || match digest {
-            Some(digest) => sandbox.load_digested(&wasm, &digest),
-            None => sandbox.load(&wasm),
-        })
-        .await
-        .map_err(|e| ServeError::Internal(format!("compilation stopped: {e}")))??;
-        if code.from_cache() {
-            self.cache_loads.inc();
-        } else {
-            self.compilations.inc();
+        if cached_ok {
+            if let Some(loaded) = self.sandbox.load_cached(digest) {
+                self.cache_loads.inc();
+                return Ok(loaded?);
+            }
         }
+        let _turn = self.compiling.turn(tenant).await;
+        let code = self.sandbox.compile(wasm, digest).await?;
+        self.compilations.inc();
         Ok(code)
     }
 

@@ -1,7 +1,9 @@
 //! The multi-tenant layer of `voicehost serve`: [`config`] (the tenants and their limits, from the
 //! config file), [`registry`] (agents and versions, content-addressed on disk) and [`host`] (one served
-//! agent per active version: upload, activation, rollback, deletion, the failure policy).
+//! agent per active version: upload, activation, rollback, deletion, the failure policy) and [`compiling`]
+//! (whose compile runs when).
 
+mod compiling;
 mod config;
 mod host;
 mod registry;

@@ -257,6 +257,16 @@ impl Registry {
             .collect()
     }
 
+    /// Whether one of the tenant's own versions has the component at `digest`.
+    pub fn holds(&self, tenant: &str, digest: &Digest) -> bool {
+        self.index.tenants.get(tenant).is_some_and(|agents| {
+            agents
+                .values()
+                .flat_map(|record| &record.versions)
+                .any(|v| &v.digest == digest)
+        })
+    }
+
     /// The tenant's agents, by id.
     pub fn agents(&self, tenant: &str) -> impl Iterator<Item = (&String, &AgentRecord)> {
         self.index.tenants.get(tenant).into_iter().flatten()

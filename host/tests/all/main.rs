@@ -3,6 +3,7 @@
 
 mod cache;
 mod chaos;
+mod compiling;
 mod connection;
 mod containment;
 mod crash;

@@ -93,7 +93,7 @@ impl Hosting {
 
     async fn open(sim: Sim, dir: PathBuf, config: PathBuf) -> Hosting {
         let parsed = ServeConfig::read(&config).unwrap();
-        let tenancy = Tenancy::open(&parsed).unwrap();
+        let tenancy = Tenancy::open(&parsed, Some(crate::voicehost_binary())).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = format!("http://{}", listener.local_addr().unwrap());
         let router = voicehost::api::router(tenancy.clone());

@@ -12,6 +12,24 @@ pub use host::{guest, init_tracing, sandbox, Host};
 pub use hosting::{metric, request, Hosting, ACME_KEY, ACME_TOKEN, GLOBEX_KEY, GLOBEX_TOKEN};
 pub use quiet::Quiet;
 
+/// The `voicehost` binary cargo built beside the running test or bench (it builds a package's binaries for
+/// its integration tests and benches): uploads in the tests compile in its children, as in `serve`.
+pub fn voicehost_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    // target/<profile>/deps/<test> → target/<profile>/voicehost
+    let binary = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("voicehost"))
+        .filter(|binary| binary.is_file());
+    binary.unwrap_or_else(|| {
+        panic!(
+            "no voicehost binary beside {}: build it (cargo build -p voicehost)",
+            exe.display()
+        )
+    })
+}
+
 /// Where tests keep what they write (data directories, the compiled cache across runs): the repository's
 /// `target/tmp`, as cargo's own `CARGO_TARGET_TMPDIR` would be for an integration test.
 pub fn tmp_dir() -> std::path::PathBuf {

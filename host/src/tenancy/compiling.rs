@@ -1,0 +1,106 @@
+//! Whose compile runs when: a few at once across the host, one at a time per tenant, in the order asked.
+//! A tenant that uploads many slow components waits for its own; another tenant's upload takes the next
+//! free slot. Loading from the compiled cache never queues (see `Tenancy::code`).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The queue of compiles.
+pub(super) struct CompileQueue {
+    /// Compiles at once across tenants.
+    slots: Arc<Semaphore>,
+    /// One compile at a time per tenant: a tenant waits here before it queues for a slot, so the slots'
+    /// queue (first come, first served) holds at most one compile of each tenant, and serves tenants in
+    /// turn however many uploads one of them sends.
+    tenants: Mutex<BTreeMap<String, Arc<Semaphore>>>,
+}
+
+/// A turn to compile: held while the compile runs.
+pub(super) struct Turn {
+    _tenant: OwnedSemaphorePermit,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl CompileQueue {
+    /// A queue running `at_once` compiles at a time.
+    pub(super) fn new(at_once: usize) -> CompileQueue {
+        CompileQueue {
+            slots: Arc::new(Semaphore::new(at_once)),
+            tenants: Mutex::default(),
+        }
+    }
+
+    /// Waits for `tenant`'s turn. (Dropping the future leaves the queue.)
+    pub(super) async fn turn(&self, tenant: &str) -> Turn {
+        let mine = self
+            .tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(tenant.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .clone();
+        // Neither semaphore is ever closed.
+        let tenant = mine.acquire_owned().await.expect("never closed");
+        let slot = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        Turn {
+            _tenant: tenant,
+            _slot: slot,
+        }
+    }
+
+    /// Forgets the tenants not in `keep` (removed from the config).
+    pub(super) fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|tenant, _| keep(tenant));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_tenant_with_many_compiles_waiting_does_not_hold_up_another_tenants_next_one() {
+        let queue = Arc::new(CompileQueue::new(1));
+        let running = queue.turn("a").await;
+        // Tenant a asks for three more compiles, then b for one.
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiting = Vec::new();
+        for tenant in ["a", "a", "a", "b"] {
+            let (queue, order) = (queue.clone(), order.clone());
+            waiting.push(tokio::spawn(async move {
+                let _turn = queue.turn(tenant).await;
+                order.lock().unwrap().push(tenant);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(running);
+        for task in waiting {
+            task.await.unwrap();
+        }
+        // b's compile came first or second, not after all of a's.
+        let order = order.lock().unwrap().clone();
+        assert_eq!(order.len(), 4);
+        assert!(order.iter().position(|t| *t == "b") <= Some(1), "{order:?}");
+    }
+
+    #[tokio::test]
+    async fn two_tenants_compile_at_once_when_there_are_two_slots() {
+        let queue = CompileQueue::new(2);
+        let _a = queue.turn("a").await;
+        let b = tokio::time::timeout(Duration::from_secs(5), queue.turn("b")).await;
+        assert!(b.is_ok(), "b waited for a with a slot free");
+        let a_again = tokio::time::timeout(Duration::from_millis(50), queue.turn("a")).await;
+        assert!(a_again.is_err(), "a compiled twice at once");
+    }
+}
