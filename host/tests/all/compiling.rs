@@ -3,7 +3,7 @@
 //! tenant uploads, activates, reads and takes calls; nothing of a stopped compile stays behind.
 
 use std::time::{Duration, Instant};
-use voicehost_testkit::{Hosting, ACME_TOKEN, GLOBEX_TOKEN};
+use voicehost_testkit::{metric, Hosting, ACME_TOKEN, GLOBEX_TOKEN};
 
 /// A component whose one function Cranelift takes minutes to compile (measured: over 20 s of CPU in the
 /// debug build, with under 100 MiB): 2,000 locals and a 40,000-statement loop, 390 KB.
@@ -200,5 +200,43 @@ async fn while_one_tenant_compiles_slowly_the_other_uploads_activates_reads_and_
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(leftovers(&hosting), Vec::<String>::new());
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_of_bytes_another_tenant_holds_compiles_as_if_they_were_new() {
+    let hosting = Hosting::start("compile-oracle", "").await;
+    let counts = |text: &str| {
+        (
+            metric(text, "voicehost_compilations_total"),
+            metric(text, "voicehost_compiled_cache_loads_total"),
+        )
+    };
+    let wasm = voicehost_testkit::guest("conformance");
+    let upload_as = |token: &'static str, agent: &'static str| {
+        let wasm = wasm.clone();
+        let hosting = &hosting;
+        async move {
+            let (status, answer) = hosting
+                .api(
+                    "POST",
+                    &format!("/v1/agents/{agent}/versions"),
+                    Some(token),
+                    wasm,
+                )
+                .await;
+            assert_eq!(status, 201, "{answer}");
+        }
+    };
+    upload_as(ACME_TOKEN, "agent_acme").await;
+    let before = counts(&hosting.metrics().await);
+    // globex uploads what acme holds: compiled again, so it takes as long as any new upload.
+    upload_as(GLOBEX_TOKEN, "agent_globex").await;
+    let after = counts(&hosting.metrics().await);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1.0, 0.0));
+    // Its own bytes again: from the cache.
+    upload_as(GLOBEX_TOKEN, "agent_globex").await;
+    let again = counts(&hosting.metrics().await);
+    assert_eq!((again.0 - after.0, again.1 - after.1), (0.0, 1.0));
     hosting.finish().await;
 }
