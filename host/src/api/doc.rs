@@ -146,7 +146,9 @@ pub struct BadRequest(#[allow(dead_code)] ErrorBody);
 
 /// The upload was refused and nothing was stored: `bad_request` (a malformed agent id, or a query other
 /// than `activate=true|false`), `not_wasm` (an empty body too), `core_module` or `invalid_component`
-/// (400); `too_large` (413); `wrong_world` or `over_limits` (422).
+/// (400); `too_large` (413); `wrong_world` or `over_limits` (422, also a compile over the host's bounds);
+/// `timeout` (408: the body took longer than the host waits); `busy` (429, with `Retry-After`: the tenant
+/// has as many uploads in progress as it may).
 #[derive(ToResponse)]
 #[response(examples(
     ("not_wasm" = (summary = "The body is not WebAssembly", value = json!({"error": {"code": "not_wasm",
@@ -162,6 +164,13 @@ pub struct BadRequest(#[allow(dead_code)] ErrorBody);
     ("over_limits" = (summary = "Needs more memory than the agent may have", value = json!({"error": {
         "code": "over_limits",
         "message": "the component's initial memory is 100.0 MiB, over the agent's memory_mib = 64"}}))),
+    ("compile_over_limits" = (summary = "Costs more to compile than the host allows", value = json!({
+        "error": {"code": "over_limits",
+        "message": "the component costs too much to compile: compiling it took over 120 s of CPU"}}))),
+    ("timeout" = (summary = "The body was too slow", value = json!({"error": {"code": "timeout",
+        "message": "the body did not arrive within 120 s: nothing was kept"}}))),
+    ("busy" = (summary = "Too many uploads in progress", value = json!({"error": {"code": "busy",
+        "message": "this tenant has 2 uploads in progress, as many as it may: try again once one has been answered"}}))),
 ))]
 pub struct UploadRejected(#[allow(dead_code)] ErrorBody);
 

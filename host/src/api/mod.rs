@@ -109,15 +109,26 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(ErrorBody::new(self.code, self.message))).into_response()
+        let mut response = (status, Json(ErrorBody::new(self.code, self.message))).into_response();
+        if self.code == ErrorCode::Busy {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from_static(RETRY_BUSY_SECONDS),
+            );
+        }
+        response
     }
 }
+
+/// When a tenant with all its uploads in progress may try again (`Retry-After`).
+const RETRY_BUSY_SECONDS: &str = "5";
 
 impl From<ServeError> for ApiError {
     fn from(error: ServeError) -> ApiError {
         let message = error.to_string();
         let code = match error {
             ServeError::BadRequest(_) => ErrorCode::BadRequest,
+            ServeError::Busy(_) => ErrorCode::Busy,
             ServeError::Load(LoadError::NotWasm) => ErrorCode::NotWasm,
             ServeError::Load(LoadError::CoreModule) => ErrorCode::CoreModule,
             ServeError::Load(LoadError::Invalid(_)) => ErrorCode::InvalidComponent,
@@ -375,8 +386,10 @@ async fn show_agent(
             body = VersionView),
         (status = 400, response = doc::UploadRejected),
         (status = 401, response = doc::Unauthorized),
+        (status = 408, response = doc::UploadRejected),
         (status = 413, response = doc::UploadRejected),
         (status = 422, response = doc::UploadRejected),
+        (status = 429, response = doc::UploadRejected),
         (status = 500, response = doc::Internal),
     ))]
 async fn upload(
@@ -386,6 +399,8 @@ async fn upload(
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Result<(StatusCode, Json<VersionView>), ApiError> {
+    // Taken before the body is read: a tenant holding uploads open holds only its own slots.
+    let _slot = tenancy.upload_slot(&tenant)?;
     let cap = tenancy
         .tenant(&tenant)
         .map(|t| t.agent_limits(&agent_id).component_bytes())
@@ -396,17 +411,29 @@ async fn upload(
             format!("the component is over this tenant's cap of {cap} bytes"),
         )
     };
-    // Read at most one byte past the cap: a huge body is refused without being held.
-    let wasm = match http_body_util::Limited::new(body, cap as usize + 1)
-        .collect()
-        .await
-    {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
-        Err(error) => {
+    // Read at most one byte past the cap: a huge body is refused without being held; a slow one is
+    // dropped at the deadline.
+    let timeout = tenancy.upload_timeout();
+    let read = tokio::time::timeout(
+        timeout,
+        http_body_util::Limited::new(body, cap as usize + 1).collect(),
+    );
+    let wasm = match read.await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
+        Ok(Err(error)) => {
             return Err(ApiError::bad_request(format!(
                 "the upload broke off: {error}"
             )))
+        }
+        Err(_) => {
+            return Err(ApiError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "the body did not arrive within {} s: nothing was kept",
+                    timeout.as_secs()
+                ),
+            ))
         }
     };
     if wasm.len() as u64 > cap {

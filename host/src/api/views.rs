@@ -266,13 +266,18 @@ pub enum ErrorCode {
     /// 409: the request clashes with the agent's state: deleting the active version, or a rollback with
     /// nothing to roll back to.
     Conflict,
+    /// 429: the tenant has as many uploads in progress as it may (`[admin] uploads_per_tenant`); the
+    /// answer's `Retry-After` says when to try again.
+    Busy,
+    /// 408: the upload's body did not arrive within `[admin] upload_timeout_seconds`.
+    Timeout,
     /// 500: the host failed; the operator's log says why.
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, in the order declared.
-    pub const ALL: [ErrorCode; 11] = [
+    pub const ALL: [ErrorCode; 13] = [
         ErrorCode::Unauthorized,
         ErrorCode::NotFound,
         ErrorCode::BadRequest,
@@ -283,6 +288,8 @@ impl ErrorCode {
         ErrorCode::TooLarge,
         ErrorCode::OverLimits,
         ErrorCode::Conflict,
+        ErrorCode::Busy,
+        ErrorCode::Timeout,
         ErrorCode::Internal,
     ];
 
@@ -299,6 +306,8 @@ impl ErrorCode {
             ErrorCode::TooLarge => "too_large",
             ErrorCode::OverLimits => "over_limits",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::Busy => "busy",
+            ErrorCode::Timeout => "timeout",
             ErrorCode::Internal => "internal",
         }
     }
@@ -315,6 +324,8 @@ impl ErrorCode {
             ErrorCode::WrongWorld | ErrorCode::OverLimits => 422,
             ErrorCode::TooLarge => 413,
             ErrorCode::Conflict => 409,
+            ErrorCode::Busy => 429,
+            ErrorCode::Timeout => 408,
             ErrorCode::Internal => 500,
         }
     }

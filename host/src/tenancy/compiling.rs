@@ -1,6 +1,8 @@
-//! Whose compile runs when: a few at once across the host, one at a time per tenant, in the order asked.
-//! A tenant that uploads many slow components waits for its own; another tenant's upload takes the next
-//! free slot. Loading from the compiled cache never queues (see `Tenancy::code`).
+//! Uploads in progress and whose compile runs when. A tenant has a few uploads in progress at most (one
+//! more is refused at once, before its body is read). Compiles run a few at once across the host, one at
+//! a time per tenant, in the order asked: a tenant that uploads many slow components waits for its own;
+//! another tenant's upload takes the next free slot. Loading from the compiled cache never queues (see
+//! `Tenancy::load`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -63,6 +65,47 @@ impl CompileQueue {
     }
 }
 
+/// Each tenant's uploads in progress, at most a fixed number each.
+pub(super) struct UploadSlots {
+    per_tenant: usize,
+    tenants: Mutex<BTreeMap<String, Arc<Semaphore>>>,
+}
+
+impl UploadSlots {
+    /// At most `per_tenant` uploads in progress per tenant.
+    pub(super) fn new(per_tenant: usize) -> UploadSlots {
+        UploadSlots {
+            per_tenant,
+            tenants: Mutex::default(),
+        }
+    }
+
+    /// A slot for one of `tenant`'s uploads, held until its answer; `None` when all are taken.
+    pub(super) fn try_take(&self, tenant: &str) -> Option<OwnedSemaphorePermit> {
+        let slots = self
+            .tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(tenant.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_tenant)))
+            .clone();
+        slots.try_acquire_owned().ok()
+    }
+
+    /// How many each tenant may have.
+    pub(super) fn per_tenant(&self) -> usize {
+        self.per_tenant
+    }
+
+    /// Forgets the tenants not in `keep` (removed from the config).
+    pub(super) fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|tenant, _| keep(tenant));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +135,17 @@ mod tests {
         let order = order.lock().unwrap().clone();
         assert_eq!(order.len(), 4);
         assert!(order.iter().position(|t| *t == "b") <= Some(1), "{order:?}");
+    }
+
+    #[test]
+    fn a_tenant_has_at_most_its_uploads_in_progress_and_a_finished_one_frees_its_slot() {
+        let slots = UploadSlots::new(2);
+        let first = slots.try_take("a").unwrap();
+        let _second = slots.try_take("a").unwrap();
+        assert!(slots.try_take("a").is_none());
+        assert!(slots.try_take("b").is_some(), "another tenant has its own");
+        drop(first);
+        assert!(slots.try_take("a").is_some());
     }
 
     #[tokio::test]

@@ -101,6 +101,22 @@ pub struct AdminConfig {
     /// The SHA-256 (hex) of the operator's token for `/metrics`. When set, `/metrics` needs it (it names
     /// every tenant's agents); when not, `/metrics` is open to whoever reaches the listener.
     pub metrics_token_sha256: Option<String>,
+    /// How long an upload's body may take to arrive, in seconds (1 to 3600); then `408 timeout`.
+    #[serde(default = "default_upload_timeout_seconds")]
+    pub upload_timeout_seconds: u64,
+    /// Uploads one tenant may have in progress at once (1 to 64), from the first byte of the body to the
+    /// answer; one more is `429 busy`. What uploads hold in memory is at most this × the tenants ×
+    /// their `component_mib`.
+    #[serde(default = "default_uploads_per_tenant")]
+    pub uploads_per_tenant: usize,
+}
+
+fn default_upload_timeout_seconds() -> u64 {
+    120
+}
+
+fn default_uploads_per_tenant() -> usize {
+    2
 }
 
 impl Default for AdminConfig {
@@ -108,6 +124,8 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: default_listen(),
             metrics_token_sha256: None,
+            upload_timeout_seconds: default_upload_timeout_seconds(),
+            uploads_per_tenant: default_uploads_per_tenant(),
         }
     }
 }
@@ -437,6 +455,16 @@ impl ServeConfig {
         );
         config.metrics_token()?;
         config.compile.check()?;
+        anyhow::ensure!(
+            (1..=3600).contains(&config.admin.upload_timeout_seconds),
+            "admin.upload_timeout_seconds = {}: use 1 to 3600",
+            config.admin.upload_timeout_seconds
+        );
+        anyhow::ensure!(
+            (1..=64).contains(&config.admin.uploads_per_tenant),
+            "admin.uploads_per_tenant = {}: use 1 to 64",
+            config.admin.uploads_per_tenant
+        );
         Ok(config)
     }
 

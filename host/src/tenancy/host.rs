@@ -3,7 +3,7 @@
 //! admin API activates, rolls back, or deletes versions. Registry changes happen one at a time, under one
 //! lock; serving calls never takes it.
 
-use super::compiling::CompileQueue;
+use super::compiling::{CompileQueue, UploadSlots};
 use super::config::{ServeConfig, Tenant, TokenHash};
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
@@ -34,6 +34,9 @@ pub enum ServeError {
     /// A valid agent whose declared needs exceed its limits (its initial memory over `memory_mib`).
     #[error("{0}")]
     OverLimits(String),
+    /// The tenant has as many uploads in progress as it may: try again once one has finished.
+    #[error("{0}")]
+    Busy(String),
     /// The host itself failed, e.g. a compilation that stopped.
     #[error("{0}")]
     Internal(String),
@@ -64,6 +67,9 @@ pub enum AgentStatus {
     Refused(String),
 }
 
+/// One upload in progress: its tenant's slot, freed when dropped.
+pub struct UploadSlot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+
 /// Each tenant by id, with the cap on its calls.
 type Tenants = BTreeMap<String, (Arc<Tenant>, Arc<Gate>)>;
 
@@ -81,6 +87,10 @@ pub struct Tenancy {
     ready: AtomicBool,
     /// Whose compile runs when: a few at once, one per tenant (see [`CompileQueue`]).
     compiling: CompileQueue,
+    /// Each tenant's uploads in progress.
+    uploads: UploadSlots,
+    /// How long an upload's body may take to arrive.
+    upload_timeout: Duration,
     /// Components compiled by this process (a restart with a warm cache compiles none).
     pub compilations: Counter,
     /// Components loaded from the compiled cache.
@@ -125,6 +135,8 @@ impl Tenancy {
             running: Mutex::new(BTreeMap::new()),
             ready: AtomicBool::new(false),
             compiling: CompileQueue::new(config.compile.at_once),
+            uploads: UploadSlots::new(config.admin.uploads_per_tenant),
+            upload_timeout: Duration::from_secs(config.admin.upload_timeout_seconds),
             compilations: Counter::default(),
             cache_loads: Counter::default(),
         }))
@@ -200,6 +212,8 @@ impl Tenancy {
         // No admin change in between.
         let registry = self.registry.lock().await;
         self.compiling
+            .retain(|tenant| fresh.iter().any(|t| t.id == tenant));
+        self.uploads
             .retain(|tenant| fresh.iter().any(|t| t.id == tenant));
         let (gone, rekeyed) = {
             let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
@@ -312,6 +326,25 @@ impl Tenancy {
     }
 
     // ----- what the admin API asks -----
+
+    /// A slot for one of the tenant's uploads, to hold from before its body is read until its answer.
+    pub fn upload_slot(&self, tenant: &str) -> Result<UploadSlot, ServeError> {
+        self.uploads
+            .try_take(tenant)
+            .map(UploadSlot)
+            .ok_or_else(|| {
+                ServeError::Busy(format!(
+                "this tenant has {} uploads in progress, as many as it may: try again once one has \
+                 been answered",
+                self.uploads.per_tenant()
+            ))
+            })
+    }
+
+    /// How long an upload's body may take to arrive.
+    pub fn upload_timeout(&self) -> Duration {
+        self.upload_timeout
+    }
 
     /// Validates and compiles `wasm` on this host, then keeps it as the agent's next version; nothing is
     /// stored when it cannot serve as an agent.

@@ -12,5 +12,5 @@ pub use config::{
     token_sha256, valid_agent_id, KeySource, ServeConfig, Tenant, AGENT_ID_RULE, MAX_API_KEY_BYTES,
     MAX_CONNECTIONS,
 };
-pub use host::{AgentStatus, ServeError, Tenancy};
+pub use host::{AgentStatus, ServeError, Tenancy, UploadSlot};
 pub use registry::{AgentRecord, RegistryError, VersionRecord};

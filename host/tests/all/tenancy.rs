@@ -700,3 +700,88 @@ async fn an_agent_whose_initial_memory_is_over_its_limit_is_refused_at_upload_no
     assert_eq!(status, 404, "nothing was stored");
     hosting.finish().await;
 }
+
+/// Starts an upload of `total` bytes as `token` and sends only the headers and the first kilobyte; the
+/// connection is returned to be read (or dropped).
+async fn held_upload(admin: &str, token: &str, total: usize) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let mut stream = tokio::net::TcpStream::connect(admin.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/agents/agent_acme/versions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/wasm\r\ncontent-length: {total}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&[0u8; 1024]).await.unwrap();
+    stream
+}
+
+/// The whole answer on `stream` (the server closes it after an error answer to a body it did not read).
+async fn answer(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut text = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                text.extend_from_slice(&chunk[..n]);
+                if String::from_utf8_lossy(&text).contains("}}") {
+                    break;
+                }
+            }
+            Err(_) => panic!("no answer in 10 s: {}", String::from_utf8_lossy(&text)),
+        }
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holding_uploads_open_is_refused_more_until_they_time_out_and_others_upload_meanwhile(
+) {
+    let hosting = Hosting::start_with(
+        "uploads-held",
+        "[admin]\nupload_timeout_seconds = 2\nuploads_per_tenant = 2",
+        "",
+    )
+    .await;
+    let started = Instant::now();
+    let mut held = vec![
+        held_upload(&hosting.admin, ACME_TOKEN, 10 << 20).await,
+        held_upload(&hosting.admin, ACME_TOKEN, 10 << 20).await,
+    ];
+    // Both slots are taken once the server has read their headers: a third upload is refused at once.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let third = loop {
+        let mut third = held_upload(&hosting.admin, ACME_TOKEN, 10 << 20).await;
+        let text = answer(&mut third).await;
+        if text.starts_with("HTTP/1.1 429") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "never busy: {text}");
+    };
+    assert!(third.to_lowercase().contains("retry-after: 5"), "{third}");
+    assert!(third.contains("\"code\":\"busy\""), "{third}");
+    // The other tenant is not held up.
+    let (status, body) = hosting
+        .api(
+            "POST",
+            "/v1/agents/agent_globex/versions",
+            Some(GLOBEX_TOKEN),
+            voicehost_testkit::guest("conformance"),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    // The held uploads are answered 408 at their deadline, and their slots are free again.
+    for stream in &mut held {
+        let text = answer(stream).await;
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("\"code\":\"timeout\""), "{text}");
+    }
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    hosting
+        .deploy(ACME_TOKEN, "agent_acme", "conformance")
+        .await;
+    hosting.finish().await;
+}
