@@ -212,8 +212,18 @@ fn token_from_stdin() -> Result<String> {
     if token.chars().any(char::is_whitespace) {
         bail!("standard input holds more than the token (spaces or several lines)");
     }
+    if token.chars().count() < MIN_TOKEN_CHARS {
+        bail!(
+            "a token of fewer than {MIN_TOKEN_CHARS} characters is too easy to guess (`voicehost token new` \
+             makes one of 67)"
+        );
+    }
     Ok(token.to_string())
 }
+
+/// The shortest token `voicehost token hash` takes: 24 characters, over 128 bits of an alphanumeric
+/// secret.
+pub const MIN_TOKEN_CHARS: usize = 24;
 
 /// `vh_` and 32 random bytes from the kernel, in hex.
 fn new_token() -> Result<String> {

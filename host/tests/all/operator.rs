@@ -192,6 +192,20 @@ async fn an_operator_serves_an_uploaded_agent_restarts_from_the_cache_and_no_sec
     std::io::Write::write_all(hashed.stdin.as_mut().unwrap(), token.as_bytes()).unwrap();
     let hashed = String::from_utf8(hashed.wait_with_output().unwrap().stdout).unwrap();
     assert!(hash_line.contains(hashed.trim()), "{hashed} in {hash_line}");
+    // A token anyone could guess is not hashed.
+    let mut weak = Command::new(BIN)
+        .args(["token", "hash"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(weak.stdin.as_mut().unwrap(), b"a").unwrap();
+    let weak = weak.wait_with_output().unwrap();
+    assert!(!weak.status.success());
+    assert!(
+        String::from_utf8_lossy(&weak.stderr).contains("too easy to guess"),
+        "{weak:?}"
+    );
 
     std::fs::write(dir.join("support.key"), KEY).unwrap();
     let config = dir.join("voicehost.toml");
