@@ -41,12 +41,18 @@ struct Hosted {
 
 impl Hosted {
     async fn start(config: &Path) -> Result<Hosted> {
-        let tenancy = Tenancy::open(&ServeConfig::read(config)?, None)?;
+        let config = ServeConfig::read(config)?;
+        // The demo compiles in its own process (it has no `voicehost` binary beside it); `serve` compiles
+        // in a child under `[compile]`'s bounds.
+        let tenancy = Tenancy::open(&config, None)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let admin = format!("http://{}", listener.local_addr()?);
-        let router = voicehost::api::router(tenancy.clone());
-        let api = tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
+        let api = tokio::spawn({
+            let tenancy = tenancy.clone();
+            async move {
+                voicehost::api::serve(listener, tenancy, &config.admin, std::future::pending())
+                    .await
+            }
         });
         tenancy.start().await;
         Ok(Hosted {
@@ -148,6 +154,7 @@ async fn tour(dir: &Path) -> Result<()> {
         Some(voicehost::api::HostCounts {
             compilations: &hosted.tenancy.compilations,
             cache_loads: &hosted.tenancy.cache_loads,
+            admin_refused: &hosted.tenancy.admin_refused,
         }),
     );
     println!("\nfrom /metrics:");

@@ -3,7 +3,6 @@
 
 use anyhow::{anyhow, Context as _, Result};
 use clap::{Parser, Subcommand};
-use std::future::IntoFuture as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -197,10 +196,10 @@ async fn run(args: RunArgs) -> Result<()> {
 
 async fn serve(path: &std::path::Path) -> Result<()> {
     let config = ServeConfig::read(path)?;
-    // Uploads compile in children of this very binary, under `[compile]`'s bounds.
-    let program =
-        std::env::current_exe().context("cannot find the voicehost binary to compile with")?;
-    let tenancy = Tenancy::open(&config, Some(program))?;
+    raise_descriptor_limit();
+    // Uploads compile in children of this very binary (the running one, even after a package upgrade
+    // replaced the file), under `[compile]`'s bounds.
+    let tenancy = Tenancy::open(&config, Some(PathBuf::from("/proc/self/exe")))?;
     let listener = tokio::net::TcpListener::bind(config.admin.listen)
         .await
         .with_context(|| format!("the admin API cannot listen on {}", config.admin.listen))?;
@@ -208,11 +207,13 @@ async fn serve(path: &std::path::Path) -> Result<()> {
     let (stop, stopped) = watch::channel(false);
     let api = tokio::spawn({
         let mut stopped = stopped.clone();
-        axum::serve(listener, api::router(tenancy.clone()))
-            .with_graceful_shutdown(async move {
+        let (tenancy, admin) = (tenancy.clone(), config.admin.clone());
+        async move {
+            api::serve(listener, tenancy, &admin, async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             })
-            .into_future()
+            .await
+        }
     });
     // The admin API answers `/healthz` with 503 until every active agent is loaded.
     tenancy.start().await;
@@ -242,6 +243,21 @@ async fn serve(path: &std::path::Path) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// Raises this process's limit on open files to its hard limit: calls, connections to Sent and the admin
+/// listener share it, and the admin side is capped well below it (`[admin] max_connections`).
+fn raise_descriptor_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(error) = setrlimit(Resource::Nofile, limit) {
+            tracing::warn!(%error, "cannot raise the limit on open files");
+        }
+    }
+    let limit = getrlimit(Resource::Nofile);
+    tracing::info!(open_files = ?limit.current, "limit on open files");
 }
 
 /// How long `serve` waits, after SIGINT or SIGTERM, for its connections to close and the admin API's

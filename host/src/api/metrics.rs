@@ -20,6 +20,8 @@ pub struct HostCounts<'a> {
     pub compilations: &'a Counter,
     /// Components this process loaded from the compiled cache.
     pub cache_loads: &'a Counter,
+    /// Connections the admin listener closed at once: it was full, or their client had too many open.
+    pub admin_refused: &'a Counter,
 }
 
 /// A series of each agent: its name (a counter's without `_total`, which the encoder adds), its help, how to
@@ -146,6 +148,7 @@ pub fn render(agents: &[(String, String, Arc<Stats>)], host: Option<HostCounts<'
             agents_served: agents.len() as u64,
             compilations: host.compilations.clone(),
             cache_loads: host.cache_loads.clone(),
+            admin_refused: host.admin_refused.clone(),
         }));
     }
     let mut out = String::new();
@@ -220,6 +223,7 @@ struct Host {
     agents_served: u64,
     compilations: Counter,
     cache_loads: Counter,
+    admin_refused: Counter,
 }
 
 impl Collector for Host {
@@ -241,6 +245,11 @@ impl Collector for Host {
                 "compiled_cache_loads",
                 "Components loaded from the compiled cache instead.",
                 &self.cache_loads,
+            ),
+            (
+                "admin_connections_refused",
+                "Admin connections closed at once: the listener was full, or the client had too many open.",
+                &self.admin_refused,
             ),
         ] {
             counter.encode(encoder.encode_descriptor(
@@ -266,13 +275,14 @@ mod tests {
         stats.trap(TrapKind::CpuDeadline);
         stats.handlers.0[1].observe(Duration::from_micros(700).as_secs_f64());
         stats.handlers.0[1].observe(Duration::from_secs(9).as_secs_f64());
-        let counts = (Counter::default(), Counter::default());
+        let counts = (Counter::default(), Counter::default(), Counter::default());
         counts.0.inc();
         let text = render(
             &[("acme".into(), "agent_a".into(), stats)],
             Some(HostCounts {
                 compilations: &counts.0,
                 cache_loads: &counts.1,
+                admin_refused: &counts.2,
             }),
         );
         for line in [

@@ -6,6 +6,7 @@
 //! [`views`]' types.
 
 mod doc;
+pub mod listener;
 mod metrics;
 #[cfg(test)]
 mod tests;
@@ -56,6 +57,27 @@ pub fn router(tenancy: Arc<Tenancy>) -> Router {
         .fallback(not_found)
         .layer(axum::middleware::from_fn(access_log))
         .with_state(tenancy)
+}
+
+/// Serves the admin API of `tenancy` on `listener` under the config's `[admin]` limits until `stop`
+/// resolves, then lets the requests in progress finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    tenancy: Arc<Tenancy>,
+    admin: &crate::tenancy::AdminConfig,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let refused = tenancy.admin_refused.clone();
+    listener::serve(
+        listener,
+        router(tenancy),
+        admin.into(),
+        move || {
+            refused.inc();
+        },
+        stop,
+    )
+    .await;
 }
 
 /// The admin API's OpenAPI document (served at `/openapi.json`; `host/openapi.json` is this, written out).
@@ -298,6 +320,7 @@ async fn metrics(State(tenancy): State<Arc<Tenancy>>, headers: header::HeaderMap
         Some(HostCounts {
             compilations: &tenancy.compilations,
             cache_loads: &tenancy.cache_loads,
+            admin_refused: &tenancy.admin_refused,
         }),
     );
     prometheus(text)

@@ -128,9 +128,14 @@ impl Sandbox {
     /// every read), so an 18 MB component is not hashed twice on a restart.
     pub fn load_digested(&self, wasm: &[u8], digest: &Digest) -> Result<AgentCode, LoadError> {
         check_header(wasm)?;
-        if let Some(loaded) = self.load_cached(digest) {
-            return loaded;
+        match self.load_cached(digest) {
+            Some(loaded) => loaded,
+            None => self.compile_here(wasm, digest),
         }
+    }
+
+    /// Compiles `wasm` in this process, checks it against the world, and keeps it in the cache.
+    fn compile_here(&self, wasm: &[u8], digest: &Digest) -> Result<AgentCode, LoadError> {
         let component = Component::from_binary(&self.engine, wasm)
             .map_err(|e| LoadError::Invalid(detail(e)))?;
         let code = self.checked(&component, false)?;
@@ -159,22 +164,24 @@ impl Sandbox {
         digest: &Digest,
     ) -> Result<AgentCode, LoadError> {
         check_header(&wasm)?;
+        let sandbox = self.clone();
+        let digest = digest.clone();
         let Some(compiler) = &self.compiler else {
-            let sandbox = self.clone();
-            let digest = digest.clone();
-            return tokio::task::spawn_blocking(move || sandbox.load_digested(&wasm, &digest))
-                .await
-                .map_err(|e| LoadError::Compiler(format!("the compile stopped: {e}")))?;
+            return blocking(move || sandbox.compile_here(&wasm, &digest)).await?;
         };
         // Written beside its final name (a file name `remove_partials` knows), renamed once it passed.
         let dir = self.cache.clone().unwrap_or_else(std::env::temp_dir);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| LoadError::Compiler(format!("cannot create {}: {e}", dir.display())))?;
-        let name = self.cache_name(digest);
+        let name = self.cache_name(&digest);
         let output = Partial(dir.join(format!(
             "{name}.{}",
             partial_suffix(COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
         )));
+        blocking({
+            let dir = dir.clone();
+            move || std::fs::create_dir_all(&dir)
+        })
+        .await?
+        .map_err(|e| LoadError::Compiler(format!("cannot create {}: {e}", dir.display())))?;
         compiler
             .compile(&wasm, &output.0)
             .await
@@ -183,18 +190,25 @@ impl Sandbox {
                 ChildFailure::TooCostly(why) => LoadError::TooCostly(why),
                 ChildFailure::Failed(why) => LoadError::Compiler(why),
             })?;
-        // SAFETY: written by this host's own binary, compiling on this host (the child) with this engine's
-        // settings, just now; nothing from outside is deserialized.
-        #[allow(unsafe_code)]
-        let component = unsafe { Component::deserialize_file(&self.engine, &output.0) }
-            .map_err(|e| LoadError::Compiler(format!("the compiled form does not load: {e:#}")))?;
-        let code = self.checked(&component, false)?;
-        if self.cache.is_some() {
-            if let Err(error) = std::fs::rename(&output.0, dir.join(&name)) {
-                tracing::warn!(%error, "could not cache a compiled component");
+        // Mapping and checking a compiled form of megabytes: off the async workers.
+        blocking(move || {
+            // SAFETY: written just now by a child process of this host's own binary (`/proc/self/exe`),
+            // compiling on this host with this engine's code settings; nothing from outside is
+            // deserialized, and wasmtime checks the settings the form was compiled with.
+            #[allow(unsafe_code)]
+            let component = unsafe { Component::deserialize_file(&sandbox.engine, &output.0) }
+                .map_err(|e| {
+                    LoadError::Compiler(format!("the compiled form does not load: {e:#}"))
+                })?;
+            let code = sandbox.checked(&component, false)?;
+            if sandbox.cache.is_some() {
+                if let Err(error) = std::fs::rename(&output.0, dir.join(&name)) {
+                    tracing::warn!(%error, "could not cache a compiled component");
+                }
             }
-        }
-        Ok(code)
+            Ok(code)
+        })
+        .await?
     }
 
     /// Checks a compiled component against the `agent` world, with and without `wasi:http`.
@@ -298,6 +312,16 @@ impl Sandbox {
             }
         }
     }
+}
+
+/// Runs `work` on the blocking pool: compiling, mapping and checking take milliseconds to seconds, and
+/// the async workers carry the calls.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, LoadError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| LoadError::Compiler(format!("the compile stopped: {e}")))
 }
 
 /// What the first bytes say: WebAssembly, and a component rather than a core module.

@@ -92,6 +92,15 @@ impl UploadSlots {
         slots.try_acquire_owned().ok()
     }
 
+    /// How many of `tenant`'s uploads are in progress.
+    pub(super) fn in_progress(&self, tenant: &str) -> usize {
+        self.tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(tenant)
+            .map_or(0, |slots| self.per_tenant - slots.available_permits())
+    }
+
     /// How many each tenant may have.
     pub(super) fn per_tenant(&self) -> usize {
         self.per_tenant

@@ -91,8 +91,8 @@ impl CompileConfig {
     }
 }
 
-/// `[admin]`: where the admin API listens and who may read `/metrics`.
-#[derive(Debug, Deserialize)]
+/// `[admin]`: where the admin API listens, who may read `/metrics`, and what its clients may hold.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     /// The admin API's listener. Loopback by default: put a TLS proxy in front to expose it.
@@ -109,6 +109,50 @@ pub struct AdminConfig {
     /// their `component_mib`.
     #[serde(default = "default_uploads_per_tenant")]
     pub uploads_per_tenant: usize,
+    /// Admin connections open at once from everyone (1 to 65536); one more is closed at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Admin connections open at once from one client address (1 to 65536).
+    #[serde(default = "default_max_connections_per_client")]
+    pub max_connections_per_client: usize,
+    /// Seconds a request's head may take to arrive, and a connection may sit idle (1 to 300).
+    #[serde(default = "default_head_timeout_seconds")]
+    pub head_timeout_seconds: u64,
+}
+
+impl AdminConfig {
+    fn check(&self) -> anyhow::Result<()> {
+        let values = [
+            ("upload_timeout_seconds", self.upload_timeout_seconds, 3600),
+            ("uploads_per_tenant", self.uploads_per_tenant as u64, 64),
+            ("max_connections", self.max_connections as u64, 65_536),
+            (
+                "max_connections_per_client",
+                self.max_connections_per_client as u64,
+                65_536,
+            ),
+            ("head_timeout_seconds", self.head_timeout_seconds, 300),
+        ];
+        for (name, value, most) in values {
+            anyhow::ensure!(
+                (1..=most).contains(&value),
+                "admin.{name} = {value}: use 1 to {most}"
+            );
+        }
+        Ok(())
+    }
+}
+
+fn default_max_connections() -> usize {
+    256
+}
+
+fn default_max_connections_per_client() -> usize {
+    32
+}
+
+fn default_head_timeout_seconds() -> u64 {
+    10
 }
 
 fn default_upload_timeout_seconds() -> u64 {
@@ -126,6 +170,9 @@ impl Default for AdminConfig {
             metrics_token_sha256: None,
             upload_timeout_seconds: default_upload_timeout_seconds(),
             uploads_per_tenant: default_uploads_per_tenant(),
+            max_connections: default_max_connections(),
+            max_connections_per_client: default_max_connections_per_client(),
+            head_timeout_seconds: default_head_timeout_seconds(),
         }
     }
 }
@@ -455,16 +502,7 @@ impl ServeConfig {
         );
         config.metrics_token()?;
         config.compile.check()?;
-        anyhow::ensure!(
-            (1..=3600).contains(&config.admin.upload_timeout_seconds),
-            "admin.upload_timeout_seconds = {}: use 1 to 3600",
-            config.admin.upload_timeout_seconds
-        );
-        anyhow::ensure!(
-            (1..=64).contains(&config.admin.uploads_per_tenant),
-            "admin.uploads_per_tenant = {}: use 1 to 64",
-            config.admin.uploads_per_tenant
-        );
+        config.admin.check()?;
         Ok(config)
     }
 

@@ -67,6 +67,23 @@ pub enum AgentStatus {
     Refused(String),
 }
 
+/// Runs `work` (hashing or mapping megabytes) on the blocking pool: the async workers carry the calls.
+async fn off_the_workers<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ServeError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ServeError::Internal(format!("a blocking task stopped: {e}")))
+}
+
+/// The refusal of a change whose version was deleted, replaced or rolled past while it was being loaded.
+fn changed_meanwhile(agent: &str, version: u32) -> ServeError {
+    RegistryError::Conflict(format!(
+        "agent {agent} changed while version {version} was being loaded: try again"
+    ))
+    .into()
+}
+
 /// One upload in progress: its tenant's slot, freed when dropped.
 pub struct UploadSlot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
 
@@ -95,6 +112,8 @@ pub struct Tenancy {
     pub compilations: Counter,
     /// Components loaded from the compiled cache.
     pub cache_loads: Counter,
+    /// Connections the admin listener closed at once (see `api::listener`).
+    pub admin_refused: Counter,
 }
 
 impl Tenancy {
@@ -139,6 +158,7 @@ impl Tenancy {
             upload_timeout: Duration::from_secs(config.admin.upload_timeout_seconds),
             compilations: Counter::default(),
             cache_loads: Counter::default(),
+            admin_refused: Counter::default(),
         }))
     }
 
@@ -156,13 +176,13 @@ impl Tenancy {
         );
     }
 
-    /// Serves the active versions of the config's tenants that are not served yet. Each is compiled (or
-    /// loaded from the cache) without the registry's lock, and served if it is still the active one.
+    /// Serves the active versions of the config's tenants that are not served yet: first every one in
+    /// the compiled cache, then those to compile (smallest first), so no cache load waits for a compile.
+    /// Each is loaded without the registry's lock, and served if it is still the active one.
     async fn serve_active(self: &Arc<Tenancy>) {
         let mut active = self.registry.lock().await.active();
-        // Smallest first: one large component compiling after a cache loss does not hold up every other
-        // agent (each starts serving as soon as it is loaded).
         active.sort_by_key(|(_, _, version)| version.size_bytes);
+        let mut to_compile = Vec::new();
         for (tenant, agent, version) in active {
             if self.tenant(&tenant).is_none() {
                 tracing::warn!(
@@ -172,33 +192,54 @@ impl Tenancy {
                 );
                 continue;
             }
-            if self.running().contains_key(&key(&tenant, &agent)) {
-                continue;
-            }
-            let code = match self.code(&tenant, &agent, version.version).await {
-                Ok(code) => code,
+            match self.cached(&version.digest).await {
+                Ok(Some(code)) => self.serve_if_active(&tenant, &agent, &version, code).await,
+                Ok(None) => to_compile.push((tenant, agent, version)),
                 Err(error) => {
-                    tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version");
-                    continue;
+                    tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version")
                 }
-            };
-            let registry = self.registry.lock().await;
-            let Ok(record) = registry.agent(&tenant, &agent) else {
-                continue;
-            };
-            // Activated, rolled back or deleted meanwhile: that change served what it chose.
-            if record.active != Some(version.version)
-                || self.running().contains_key(&key(&tenant, &agent))
-            {
-                continue;
             }
-            let deployment = Deployment {
-                version: version.version,
-                code,
-                rules: self.rules(&tenant, &agent, record),
-            };
-            self.serve(&tenant, &agent, deployment);
         }
+        for (tenant, agent, version) in to_compile {
+            match self.code(&tenant, &agent, version.version).await {
+                Ok((code, _)) => self.serve_if_active(&tenant, &agent, &version, code).await,
+                Err(error) => {
+                    tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version")
+                }
+            }
+        }
+    }
+
+    /// Serves `code` as the agent's, if `version` is still its active version and it is not served yet
+    /// (an activation, rollback or delete meanwhile served what it chose).
+    async fn serve_if_active(
+        self: &Arc<Tenancy>,
+        tenant: &str,
+        agent: &str,
+        version: &VersionRecord,
+        code: AgentCode,
+    ) {
+        let registry = self.registry.lock().await;
+        let Ok(record) = registry.agent(tenant, agent) else {
+            return;
+        };
+        let current = record.active.and_then(|v| record.version(v));
+        if current.map(|v| &v.digest) != Some(&version.digest)
+            || current.map(|v| v.version) != Some(version.version)
+            || self.running().contains_key(&key(tenant, agent))
+        {
+            return;
+        }
+        if let Err(error) = self.check_fits(tenant, agent, &code) {
+            tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version");
+            return;
+        }
+        let deployment = Deployment {
+            version: version.version,
+            code,
+            rules: self.rules(tenant, agent, record),
+        };
+        self.serve(tenant, agent, deployment);
     }
 
     /// Takes the tenants, limits and metrics token of `config` without a restart: a new tenant can log in
@@ -341,6 +382,11 @@ impl Tenancy {
             })
     }
 
+    /// How many of the tenant's uploads are in progress (their body being read, or compiling).
+    pub fn uploads_in_progress(&self, tenant: &str) -> usize {
+        self.uploads.in_progress(tenant)
+    }
+
     /// How long an upload's body may take to arrive.
     pub fn upload_timeout(&self) -> Duration {
         self.upload_timeout
@@ -356,15 +402,32 @@ impl Tenancy {
         activate: bool,
     ) -> Result<VersionRecord, ServeError> {
         check_agent_id(agent)?;
-        let digest = Digest::of(&wasm);
+        let digest = off_the_workers({
+            let wasm = wasm.clone();
+            move || Digest::of(&wasm)
+        })
+        .await?;
         // The compiled cache is shared by content, so a tenant's upload compiles unless the tenant itself
         // has uploaded these bytes before: how long it takes says nothing of other tenants' uploads.
         let known = self.registry.lock().await.holds(tenant, &digest);
         let code = self.load(tenant, wasm.clone(), &digest, known).await?;
-        self.check_fits(tenant, agent, &code)?;
         let mut registry = self.registry.lock().await;
-        // Stored and made active in one write of the index: a crash never leaves it stored but inactive.
-        let version = registry.add_version(tenant, agent, &wasm, unix_now(), activate)?;
+        // Under the lock, with the limits as they are now (a reload may have lowered them meanwhile).
+        let stored = self.check_fits(tenant, agent, &code).and_then(|()| {
+            // Stored and made active in one write of the index: a crash never leaves it stored but
+            // inactive.
+            Ok(registry.add_version(tenant, agent, &wasm, unix_now(), activate)?)
+        });
+        let version = match stored {
+            Ok(version) => version,
+            Err(error) => {
+                // Its compiled form goes too, unless a version (of any tenant) has these bytes.
+                if !registry.in_use().contains(&digest) {
+                    self.sandbox.forget(&digest);
+                }
+                return Err(error);
+            }
+        };
         tracing::info!(
             tenant,
             agent,
@@ -410,8 +473,9 @@ impl Tenancy {
     ) -> Result<AgentRecord, ServeError> {
         // Compiled (or read from the cache) before anything changes, without the lock: a version that
         // cannot load is never made active, and no other change waits for a compile.
-        let code = self.code(tenant, agent, version).await?;
+        let (code, digest) = self.code(tenant, agent, version).await?;
         let mut registry = self.registry.lock().await;
+        self.still_fits(&registry, tenant, agent, version, &digest, &code)?;
         registry.activate(tenant, agent, version)?;
         let record = registry.agent(tenant, agent)?.clone();
         let deployment = Deployment {
@@ -438,14 +502,12 @@ impl Tenancy {
                 None => return Err(RegistryError::nothing_to_roll_back(agent).into()),
             }
         };
-        let code = self.code(tenant, agent, back).await?;
+        let (code, digest) = self.code(tenant, agent, back).await?;
         let mut registry = self.registry.lock().await;
         if registry.agent(tenant, agent)?.previous.last() != Some(&back) {
-            return Err(RegistryError::Conflict(format!(
-                "agent {agent} changed while version {back} was being loaded: roll back again"
-            ))
-            .into());
+            return Err(changed_meanwhile(agent, back));
         }
+        self.still_fits(&registry, tenant, agent, back, &digest, &code)?;
         registry.rollback(tenant, agent)?;
         let record = registry.agent(tenant, agent)?.clone();
         let deployment = Deployment {
@@ -492,7 +554,8 @@ impl Tenancy {
     ) -> Result<(), ServeError> {
         let mut registry = self.registry.lock().await;
         let unused = registry.delete_version(tenant, agent, version)?;
-        // Under the lock: an upload of the same bytes cannot store its version in between.
+        // (An upload of the same bytes compiling meanwhile may lose its compiled form here: it is compiled
+        // again when next needed.)
         unused.iter().for_each(|digest| self.sandbox.forget(digest));
         Ok(())
     }
@@ -571,9 +634,15 @@ impl Tenancy {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A stored version's code, ready to serve under the agent's limits: from the cache, or compiled in
-    /// the tenant's turn. The registry's lock is held only to read the component.
-    async fn code(&self, tenant: &str, agent: &str, version: u32) -> Result<AgentCode, ServeError> {
+    /// A stored version's code, ready to serve under the agent's limits, and the digest it was made from:
+    /// from the cache, or compiled in the tenant's turn. The registry's lock is held only to read the
+    /// component; [`Tenancy::still_fits`] checks, under it again, that nothing changed meanwhile.
+    async fn code(
+        &self,
+        tenant: &str,
+        agent: &str,
+        version: u32,
+    ) -> Result<(AgentCode, Digest), ServeError> {
         let (wasm, digest) = {
             let registry = self.registry.lock().await;
             let chosen = registry
@@ -585,7 +654,27 @@ impl Tenancy {
         };
         let code = self.load(tenant, wasm.into(), &digest, true).await?;
         self.check_fits(tenant, agent, &code)?;
-        Ok(code)
+        Ok((code, digest))
+    }
+
+    /// Whether `code`, made from `digest` while the lock was not held, is still version `version` of the
+    /// agent (not a version of the same number after the agent was deleted and uploaded again) and fits
+    /// its limits as they are now. Called under the registry's lock.
+    fn still_fits(
+        &self,
+        registry: &Registry,
+        tenant: &str,
+        agent: &str,
+        version: u32,
+        digest: &Digest,
+        code: &AgentCode,
+    ) -> Result<(), ServeError> {
+        let record = registry.agent(tenant, agent)?;
+        match record.version(version) {
+            Some(now) if &now.digest == digest => self.check_fits(tenant, agent, code),
+            Some(_) => Err(changed_meanwhile(agent, version)),
+            None => Err(RegistryError::no_version(agent, version).into()),
+        }
     }
 
     /// Refuses code whose instances could never start under the agent's limits, so that the upload (or
@@ -607,15 +696,27 @@ impl Tenancy {
         cached_ok: bool,
     ) -> Result<AgentCode, ServeError> {
         if cached_ok {
-            if let Some(loaded) = self.sandbox.load_cached(digest) {
-                self.cache_loads.inc();
-                return Ok(loaded?);
+            if let Some(code) = self.cached(digest).await? {
+                return Ok(code);
             }
         }
         let _turn = self.compiling.turn(tenant).await;
         let code = self.sandbox.compile(wasm, digest).await?;
         self.compilations.inc();
         Ok(code)
+    }
+
+    /// The code of `digest` from the compiled cache, if it is there (read off the async workers).
+    async fn cached(&self, digest: &Digest) -> Result<Option<AgentCode>, ServeError> {
+        let sandbox = self.sandbox.clone();
+        let digest = digest.clone();
+        match off_the_workers(move || sandbox.load_cached(&digest)).await? {
+            Some(loaded) => {
+                self.cache_loads.inc();
+                Ok(Some(loaded?))
+            }
+            None => Ok(None),
+        }
     }
 
     fn rules(&self, tenant: &str, agent: &str, record: &AgentRecord) -> CallRules {

@@ -9,8 +9,8 @@ mod host;
 mod registry;
 
 pub use config::{
-    token_sha256, valid_agent_id, KeySource, ServeConfig, Tenant, AGENT_ID_RULE, MAX_API_KEY_BYTES,
-    MAX_CONNECTIONS,
+    token_sha256, valid_agent_id, AdminConfig, KeySource, ServeConfig, Tenant, AGENT_ID_RULE,
+    MAX_API_KEY_BYTES, MAX_CONNECTIONS,
 };
 pub use host::{AgentStatus, ServeError, Tenancy, UploadSlot};
 pub use registry::{AgentRecord, RegistryError, VersionRecord};

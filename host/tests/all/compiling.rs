@@ -5,11 +5,11 @@
 use std::time::{Duration, Instant};
 use voicehost_testkit::{metric, Hosting, ACME_TOKEN, GLOBEX_TOKEN};
 
-/// A component whose one function Cranelift takes minutes to compile (measured: over 20 s of CPU in the
-/// debug build, with under 100 MiB): 2,000 locals and a 40,000-statement loop, 390 KB.
+/// A component whose one function Cranelift takes minutes to compile (measured: 40,000 statements took over
+/// 20 s of CPU, with under 100 MiB): 2,000 locals and a 60,000-statement loop, 600 KB.
 fn slow_to_compile() -> Vec<u8> {
     let locals = 2000;
-    let body: String = (0..40_000)
+    let body: String = (0..60_000)
         .map(|i| {
             format!(
                 "(local.set {} (i64.add (local.get {}) (local.get {})))",
@@ -50,6 +50,84 @@ fn compiles_running(dir: &std::path::Path) -> usize {
         .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
         .filter(|cmdline| cmdline.contains("compile-component") && cmdline.contains(&dir))
         .count()
+}
+
+/// Runs the compiling child as `serve` does, on `wasm`, with these bounds: how it ended, and what it said.
+fn child(wasm: &[u8], cpu_seconds: u64, memory_mib: u64) -> (std::process::ExitStatus, String) {
+    use std::io::Write as _;
+    let out = voicehost_testkit::tmp_dir().join(format!(
+        "child-{}-{cpu_seconds}-{memory_mib}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&out);
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let mut child = std::process::Command::new(crate::operator::BIN)
+        .args(["compile-component", "--output"])
+        .arg(&out)
+        .args(["--cpu-seconds", &cpu_seconds.to_string()])
+        .args(["--memory-bytes", &(memory_mib << 20).to_string()])
+        .args(["--parent", &std::process::id().to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _ = child.stdin.take().unwrap().write_all(wasm);
+    let output = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_file(&out);
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_compiling_child_is_stopped_by_the_kernel_at_its_cpu_and_memory_bounds() {
+    use std::os::unix::process::ExitStatusExt as _;
+    // Its own RLIMIT_CPU, with no parent to enforce a deadline.
+    let (status, said) = child(&slow_to_compile(), 1, 2048);
+    assert_eq!(
+        status.signal(),
+        Some(24),
+        "SIGXCPU expected: {status:?} {said}"
+    );
+    // Its own RLIMIT_AS: an allocation fails (Rust aborts) or wasmtime reports it (exit 4).
+    let (status, said) = child(&big_to_compile(), 60, 256);
+    assert!(
+        status.signal() == Some(6) || status.code() == Some(4),
+        "{status:?} {said}"
+    );
+    // A real agent compiles under the same memory bound.
+    let (status, said) = child(&voicehost_testkit::guest("conformance"), 60, 256);
+    assert!(status.success(), "{status:?} {said}");
+}
+
+#[test]
+fn a_compiling_child_whose_host_is_gone_compiles_nothing() {
+    let mut child = std::process::Command::new(crate::operator::BIN)
+        .args(["compile-component", "--output", "/nonexistent/x"])
+        .args(["--cpu-seconds", "1", "--memory-bytes", "1073741824"])
+        .args(["--parent", "1"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = child.wait().unwrap();
+    let mut said = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut said).unwrap();
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(said.contains("the host is gone"), "{said}");
+}
+
+/// A request sent in the background, as acme.
+fn in_background(
+    hosting: &Hosting,
+    path: &'static str,
+    body: Vec<u8>,
+) -> tokio::task::JoinHandle<(u16, serde_json::Value)> {
+    let admin = hosting.admin.clone();
+    tokio::spawn(async move {
+        voicehost_testkit::request(&admin, "POST", path, Some(ACME_TOKEN), body).await
+    })
 }
 
 /// Uploads `wasm` as acme's `agent`: (status, answer).
@@ -131,19 +209,11 @@ async fn while_one_tenant_compiles_slowly_the_other_uploads_activates_reads_and_
     assert_eq!(status, 201);
 
     // acme's upload compiles for minutes.
-    let slow = tokio::spawn({
-        let admin = hosting.admin.clone();
-        async move {
-            voicehost_testkit::request(
-                &admin,
-                "POST",
-                "/v1/agents/agent_slow/versions",
-                Some(ACME_TOKEN),
-                slow_to_compile(),
-            )
-            .await
-        }
-    });
+    let slow = in_background(
+        &hosting,
+        "/v1/agents/agent_slow/versions",
+        slow_to_compile(),
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     while compiles_running(&hosting.dir) == 0 {
         assert!(Instant::now() < deadline, "acme's compile never started");
@@ -238,5 +308,70 @@ async fn an_upload_of_bytes_another_tenant_holds_compiles_as_if_they_were_new() 
     upload_as(GLOBEX_TOKEN, "agent_globex").await;
     let again = counts(&hosting.metrics().await);
     assert_eq!((again.0 - after.0, again.1 - after.1), (0.0, 1.0));
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_activation_that_waited_for_a_compile_while_the_agent_was_replaced_is_refused() {
+    let hosting = Hosting::start("compile-replaced", "").await;
+    // agent_acme's version 1 is the conformance agent, not active; acme also holds the panicker's bytes
+    // (so uploading them again comes from the cache, not the compile queue).
+    let (status, first) = upload(
+        &hosting,
+        "agent_acme",
+        voicehost_testkit::guest("conformance"),
+    )
+    .await;
+    assert_eq!(status, 201, "{first}");
+    hosting.deploy(ACME_TOKEN, "agent_acme2", "panicker").await;
+    // Version 1's compiled form is gone (a cache lost in an upgrade): activating it must compile.
+    let hex = first["digest"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("sha256:")
+        .to_string();
+    for name in hosting.files("compiled") {
+        if name.starts_with(&hex) {
+            std::fs::remove_file(hosting.dir.join("data/compiled").join(name)).unwrap();
+        }
+    }
+    // acme's turn to compile is held by a slow upload; the activation queues behind it.
+    let slow = in_background(
+        &hosting,
+        "/v1/agents/agent_slow/versions",
+        slow_to_compile(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while compiles_running(&hosting.dir) == 0 {
+        assert!(Instant::now() < deadline, "the slow compile never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let activate = in_background(
+        &hosting,
+        "/v1/agents/agent_acme/activate",
+        br#"{"version": 1}"#.to_vec(),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Meanwhile the agent is deleted and uploaded again: its new version 1 is the panicker.
+    let (status, answer) = hosting
+        .api("DELETE", "/v1/agents/agent_acme", Some(ACME_TOKEN), vec![])
+        .await;
+    assert_eq!(status, 204, "{answer}");
+    let (status, again) =
+        upload(&hosting, "agent_acme", voicehost_testkit::guest("panicker")).await;
+    assert_eq!(status, 201, "{again}");
+    assert_eq!(again["version"], 1);
+    slow.abort();
+    // The activation asked for the version 1 that was deleted: refused, nothing served.
+    let (status, answer) = activate.await.unwrap();
+    assert_eq!(status, 409, "{answer}");
+    let (_, record) = hosting
+        .api("GET", "/v1/agents/agent_acme", Some(ACME_TOKEN), vec![])
+        .await;
+    assert_eq!(
+        record["active_version"],
+        serde_json::Value::Null,
+        "{record}"
+    );
     hosting.finish().await;
 }

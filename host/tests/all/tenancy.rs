@@ -752,15 +752,14 @@ async fn a_tenant_holding_uploads_open_is_refused_more_until_they_time_out_and_o
         held_upload(&hosting.admin, ACME_TOKEN, 10 << 20).await,
     ];
     // Both slots are taken once the server has read their headers: a third upload is refused at once.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let third = loop {
-        let mut third = held_upload(&hosting.admin, ACME_TOKEN, 10 << 20).await;
-        let text = answer(&mut third).await;
-        if text.starts_with("HTTP/1.1 429") {
-            break text;
-        }
-        assert!(Instant::now() < deadline, "never busy: {text}");
-    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hosting.tenancy.uploads_in_progress("acme") < 2 {
+        assert!(Instant::now() < deadline, "the held uploads never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut third = held_upload(&hosting.admin, ACME_TOKEN, 10 << 20).await;
+    let third = answer(&mut third).await;
+    assert!(third.starts_with("HTTP/1.1 429"), "{third}");
     assert!(third.to_lowercase().contains("retry-after: 5"), "{third}");
     assert!(third.contains("\"code\":\"busy\""), "{third}");
     // The other tenant is not held up.
@@ -780,8 +779,99 @@ async fn a_tenant_holding_uploads_open_is_refused_more_until_they_time_out_and_o
         assert!(text.contains("\"code\":\"timeout\""), "{text}");
     }
     assert!(started.elapsed() >= Duration::from_secs(2));
+    assert_eq!(hosting.tenancy.uploads_in_progress("acme"), 0);
     hosting
         .deploy(ACME_TOKEN, "agent_acme", "conformance")
         .await;
+    hosting.finish().await;
+}
+
+/// A connection to the admin listener from `ip` (a loopback address of its own) that sends half a request
+/// line and waits.
+async fn half_open(admin: &str, ip: [u8; 4]) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((ip, 0).into()).unwrap();
+    let mut stream = socket
+        .connect(admin.trim_start_matches("http://").parse().unwrap())
+        .await
+        .unwrap();
+    let _ = stream.write_all(b"POST /v1/agen").await;
+    stream
+}
+
+/// Whether the server has closed `stream` within `wait` (it reads end of file, or a reset).
+async fn closed_within(stream: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(wait, stream.read(&mut byte)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_half_open_admin_connections_is_capped_and_timed_out_while_calls_go_on() {
+    let hosting = Hosting::start_with(
+        "admin-flood",
+        "[admin]\nmax_connections = 40\nmax_connections_per_client = 30\nhead_timeout_seconds = 3",
+        "",
+    )
+    .await;
+    hosting
+        .deploy(ACME_TOKEN, "agent_acme", "conformance")
+        .await;
+    // One client opens 60: 30 are held, the rest closed at once (its own cap).
+    let mut first = Vec::new();
+    for _ in 0..60 {
+        first.push(half_open(&hosting.admin, [127, 0, 0, 2]).await);
+    }
+    // Another opens 20: 10 fit under the listener's cap of 40, the rest are closed at once.
+    let mut second = Vec::new();
+    for _ in 0..20 {
+        second.push(half_open(&hosting.admin, [127, 0, 0, 3]).await);
+    }
+    // (All at once: one at a time would take longer than the head timeout.)
+    let refused = futures_util::future::join_all(
+        first
+            .iter_mut()
+            .chain(second.iter_mut())
+            .map(|stream| closed_within(stream, Duration::from_millis(500))),
+    )
+    .await
+    .into_iter()
+    .filter(|closed| *closed)
+    .count();
+    assert_eq!(
+        refused, 40,
+        "30 over the first client's cap, 10 over the listener's"
+    );
+    // While the listener is full, calls go on: Sent's connections are not the admin listener's.
+    let mut call = hosting.connection("agent_acme").await.start_text();
+    call.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    call.end("completed");
+    // The held ones are closed once their head is late; then the admin API answers again.
+    let held_closed = futures_util::future::join_all(
+        first
+            .iter_mut()
+            .chain(second.iter_mut())
+            .map(|stream| closed_within(stream, Duration::from_secs(10))),
+    )
+    .await
+    .into_iter()
+    .filter(|closed| *closed)
+    .count();
+    assert_eq!(held_closed, 80);
+    let (status, body) = hosting
+        .api("GET", "/v1/agents", Some(GLOBEX_TOKEN), vec![])
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let text = hosting.metrics().await;
+    assert_eq!(
+        metric(&text, "voicehost_admin_connections_refused_total"),
+        40.0
+    );
     hosting.finish().await;
 }

@@ -96,9 +96,13 @@ impl Hosting {
         let tenancy = Tenancy::open(&parsed, Some(crate::voicehost_binary())).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = format!("http://{}", listener.local_addr().unwrap());
-        let router = voicehost::api::router(tenancy.clone());
-        let api = tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
+        // The admin listener `serve` uses, with the config's `[admin]` limits.
+        let api = tokio::spawn({
+            let tenancy = tenancy.clone();
+            async move {
+                voicehost::api::serve(listener, tenancy, &parsed.admin, std::future::pending())
+                    .await
+            }
         });
         tenancy.start().await;
         Hosting {

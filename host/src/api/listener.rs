@@ -1,0 +1,168 @@
+//! The admin API's listener, hardened against hostile clients: a cap on connections in all and per client
+//! address (one more is closed at once, so the admin side runs out before the calls' descriptors do),
+//! a deadline for a request's head (a client that sends half a request line, or sits idle between
+//! requests, is closed), and a graceful stop. Built from hyper's HTTP/1 server and hyper-util's glue; the
+//! router is axum's.
+
+use crate::tenancy::AdminConfig;
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// What the admin listener allows its clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerLimits {
+    /// Connections open at once, from everyone.
+    pub connections: usize,
+    /// Connections open at once from one client address.
+    pub per_client: usize,
+    /// How long a request's head (request line and headers) may take to arrive, counted from when the
+    /// connection is ready for one: also how long a connection may sit idle between requests.
+    pub head_timeout: Duration,
+}
+
+/// The config's `[admin]` settings (defaults: 256 connections, a quarter of a usual 1,024-descriptor limit,
+/// which `serve` raises to its hard limit at start; 32 per client address; 10 s for a request's head).
+impl From<&AdminConfig> for ListenerLimits {
+    fn from(admin: &AdminConfig) -> ListenerLimits {
+        ListenerLimits {
+            connections: admin.max_connections,
+            per_client: admin.max_connections_per_client,
+            head_timeout: Duration::from_secs(admin.head_timeout_seconds),
+        }
+    }
+}
+
+/// Serves `router` on `listener` under `limits` until `stop` resolves, then lets the requests in progress
+/// finish (the caller bounds how long it waits).
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ListenerLimits,
+    refused: impl Fn() + Send + Sync + 'static,
+    stop: impl Future<Output = ()>,
+) {
+    let open = Arc::new(Semaphore::new(limits.connections));
+    let clients = Arc::new(Clients::default());
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.head_timeout);
+    tokio::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of descriptors, most likely: wait for some to close rather than spin.
+                    tracing::warn!(%error, "the admin listener cannot accept");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = open.clone().try_acquire_owned() else {
+            refused();
+            tracing::debug!(%peer, "admin connection refused: the listener is full");
+            continue;
+        };
+        let Some(client) = clients.enter(peer.ip(), limits.per_client) else {
+            refused();
+            tracing::debug!(%peer, "admin connection refused: the client has too many open");
+            continue;
+        };
+        let service = router.clone().layer(axum::Extension(ConnectInfo(peer)));
+        let connection =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _held = (slot, client);
+            if let Err(error) = connection.await {
+                tracing::debug!(%peer, %error, "admin connection ended");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// Connections open per client address.
+#[derive(Default)]
+struct Clients(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection of a client, counted until dropped.
+struct Client {
+    clients: Arc<Clients>,
+    ip: IpAddr,
+}
+
+impl Clients {
+    /// Counts one more connection from `ip`, unless it has `most` open.
+    fn enter(self: &Arc<Self>, ip: IpAddr, most: usize) -> Option<Client> {
+        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(ip).or_insert(0);
+        if *count >= most {
+            return None;
+        }
+        *count += 1;
+        Some(Client {
+            clients: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let mut open = self.clients.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                // The map holds only clients with connections open: its size is bounded by the cap.
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// The client's address, when the request came through [`serve`].
+pub fn client_of(request: &axum::http::request::Parts) -> Option<SocketAddr> {
+    request
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| *addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_has_at_most_its_connections_and_a_closed_one_frees_its_place() {
+        let clients = Arc::new(Clients::default());
+        let ip: IpAddr = [127, 0, 0, 1].into();
+        let first = clients.enter(ip, 2).unwrap();
+        let _second = clients.enter(ip, 2).unwrap();
+        assert!(clients.enter(ip, 2).is_none());
+        assert!(clients.enter([127, 0, 0, 2].into(), 2).is_some());
+        drop(first);
+        assert!(clients.enter(ip, 2).is_some());
+    }
+
+    #[test]
+    fn a_client_with_nothing_open_is_forgotten() {
+        let clients = Arc::new(Clients::default());
+        drop(clients.enter([10, 0, 0, 1].into(), 1).unwrap());
+        assert!(clients.0.lock().unwrap().is_empty());
+    }
+}
