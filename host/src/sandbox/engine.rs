@@ -314,14 +314,14 @@ impl Sandbox {
     }
 }
 
-/// Runs `work` on the blocking pool: compiling, mapping and checking take milliseconds to seconds, and
-/// the async workers carry the calls.
-async fn blocking<T: Send + 'static>(
+/// Runs `work` on the blocking pool: compiling, hashing, mapping and checking take milliseconds to seconds,
+/// and the async workers carry the calls. (A panic in it is the host's failure.)
+pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, LoadError> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| LoadError::Compiler(format!("the compile stopped: {e}")))
+        .map_err(|e| LoadError::Compiler(format!("a blocking task stopped: {e}")))
 }
 
 /// What the first bytes say: WebAssembly, and a component rather than a core module.

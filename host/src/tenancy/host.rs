@@ -8,7 +8,7 @@ use super::config::{ServeConfig, Tenant, TokenHash};
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
 use crate::content::Digest;
-use crate::sandbox::{AgentCode, ChildCompiler, Limits, LoadError, Sandbox};
+use crate::sandbox::{blocking, AgentCode, ChildCompiler, Limits, LoadError, Sandbox};
 use std::path::PathBuf;
 
 use crate::stats::{Counter, LiveSession, Stats};
@@ -65,15 +65,6 @@ pub enum AgentStatus {
     Serving,
     /// Sent refused the connection for a reason a person must fix (the key, the agent id).
     Refused(String),
-}
-
-/// Runs `work` (hashing or mapping megabytes) on the blocking pool: the async workers carry the calls.
-async fn off_the_workers<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ServeError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ServeError::Internal(format!("a blocking task stopped: {e}")))
 }
 
 /// The refusal of a change whose version was deleted, replaced or rolled past while it was being loaded.
@@ -402,7 +393,7 @@ impl Tenancy {
         activate: bool,
     ) -> Result<VersionRecord, ServeError> {
         check_agent_id(agent)?;
-        let digest = off_the_workers({
+        let digest = blocking({
             let wasm = wasm.clone();
             move || Digest::of(&wasm)
         })
@@ -710,7 +701,7 @@ impl Tenancy {
     async fn cached(&self, digest: &Digest) -> Result<Option<AgentCode>, ServeError> {
         let sandbox = self.sandbox.clone();
         let digest = digest.clone();
-        match off_the_workers(move || sandbox.load_cached(&digest)).await? {
+        match blocking(move || sandbox.load_cached(&digest)).await? {
             Some(loaded) => {
                 self.cache_loads.inc();
                 Ok(Some(loaded?))

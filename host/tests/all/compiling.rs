@@ -142,6 +142,14 @@ async fn upload(hosting: &Hosting, agent: &str, wasm: Vec<u8>) -> (u16, serde_js
         .await
 }
 
+/// Uploads `wasm` as acme's `agent`, which must be refused `422 over_limits`: the refusal's message.
+async fn refused_over_limits(hosting: &Hosting, agent: &str, wasm: Vec<u8>) -> String {
+    let (status, answer) = upload(hosting, agent, wasm).await;
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["error"]["code"], "over_limits", "{answer}");
+    answer["error"]["message"].as_str().unwrap().to_string()
+}
+
 /// What is left in the compiled cache but compiled forms (`.cwasm`): files of compiles cut short.
 fn leftovers(hosting: &Hosting) -> Vec<String> {
     hosting
@@ -154,10 +162,7 @@ fn leftovers(hosting: &Hosting) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compile_over_its_cpu_bound_is_stopped_and_the_upload_refused_with_nothing_kept() {
     let hosting = Hosting::start_with("compile-cpu", "[compile]\ncpu_seconds = 1", "").await;
-    let (status, answer) = upload(&hosting, "agent_slow", slow_to_compile()).await;
-    assert_eq!(status, 422, "{answer}");
-    assert_eq!(answer["error"]["code"], "over_limits", "{answer}");
-    let message = answer["error"]["message"].as_str().unwrap();
+    let message = refused_over_limits(&hosting, "agent_slow", slow_to_compile()).await;
     // Its CPU limit, or (on a busy machine, where the child's lower priority starves it) its deadline.
     assert!(
         message.contains("compiling it took over 1 s of CPU")
@@ -176,10 +181,7 @@ async fn a_compile_over_its_cpu_bound_is_stopped_and_the_upload_refused_with_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compile_over_its_memory_bound_is_stopped_and_the_upload_refused() {
     let hosting = Hosting::start_with("compile-memory", "[compile]\nmemory_mib = 256", "").await;
-    let (status, answer) = upload(&hosting, "agent_big", big_to_compile()).await;
-    assert_eq!(status, 422, "{answer}");
-    assert_eq!(answer["error"]["code"], "over_limits", "{answer}");
-    let message = answer["error"]["message"].as_str().unwrap();
+    let message = refused_over_limits(&hosting, "agent_big", big_to_compile()).await;
     assert!(
         message.contains("compiling it needed over 256 MiB"),
         "{message}"
