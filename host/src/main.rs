@@ -129,14 +129,20 @@ fn main() {
 fn start(command: Command) -> Result<()> {
     voicehost::logging::init("info,wasmtime=warn,cranelift=warn");
     let runtime = tokio::runtime::Runtime::new()?;
-    match command {
+    let result = match command {
         Command::Serve { config } => runtime.block_on(serve(&config)),
         Command::Agents(args) => runtime.block_on(cli::run(args)),
         Command::Token(command) => cli::token(command),
         Command::Run(args) => runtime.block_on(run(args)),
         Command::CompileComponent { .. } => Ok(()),
-    }
+    };
+    // What is still running (a compile's blocking work, a slow client) does not hold up the exit.
+    runtime.shutdown_timeout(EXIT_GRACE);
+    result
 }
+
+/// How long the exit waits for the runtime's last tasks, after `serve` or `run` returned.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 async fn run(args: RunArgs) -> Result<()> {
     let api_key = match &args.api_key_file {

@@ -1,7 +1,8 @@
 //! The admin API's listener, hardened against hostile clients: a cap on connections in all and per client
-//! address (one more is closed at once, so the admin side runs out before the calls' descriptors do),
-//! a deadline for a request's head (a client that sends half a request line, or sits idle between
-//! requests, is closed), and a graceful stop. Built from hyper's HTTP/1 server and hyper-util's glue; the
+//! address (an IPv6 client by its /64; one more is closed at once, so the admin side runs out before the
+//! calls' descriptors do), a deadline for a request's head (a client that sends half a request line, or
+//! sits idle between requests, is closed), a most a connection may live (a client that stops reading
+//! its answers cannot hold its place for ever), and a graceful stop. Built from hyper's HTTP/1 server and hyper-util's glue; the
 //! router is axum's.
 
 use crate::tenancy::AdminConfig;
@@ -28,6 +29,8 @@ pub struct ListenerLimits {
     /// How long a request's head (request line and headers) may take to arrive, counted from when the
     /// connection is ready for one: also how long a connection may sit idle between requests.
     pub head_timeout: Duration,
+    /// How long a connection may stay open at all, whatever it does.
+    pub max_age: Duration,
 }
 
 /// The config's `[admin]` settings (defaults: 256 connections, a quarter of a usual 1,024-descriptor limit,
@@ -38,6 +41,7 @@ impl From<&AdminConfig> for ListenerLimits {
             connections: admin.max_connections,
             per_client: admin.max_connections_per_client,
             head_timeout: Duration::from_secs(admin.head_timeout_seconds),
+            max_age: Duration::from_secs(admin.connection_max_seconds),
         }
     }
 }
@@ -76,7 +80,7 @@ pub async fn serve(
             tracing::debug!(%peer, "admin connection refused: the listener is full");
             continue;
         };
-        let Some(client) = clients.enter(peer.ip(), limits.per_client) else {
+        let Some(client) = clients.enter(client_key(peer.ip()), limits.per_client) else {
             refused();
             tracing::debug!(%peer, "admin connection refused: the client has too many open");
             continue;
@@ -85,10 +89,13 @@ pub async fn serve(
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
         let connection = graceful.watch(connection);
+        let max_age = limits.max_age;
         tokio::spawn(async move {
             let _held = (slot, client);
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, %error, "admin connection ended");
+            match tokio::time::timeout(max_age, connection).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::debug!(%peer, %error, "admin connection ended"),
+                Err(_) => tracing::debug!(%peer, "admin connection closed: open too long"),
             }
         });
     }
@@ -135,6 +142,17 @@ impl Drop for Client {
     }
 }
 
+/// What counts as one client: its IPv4 address, or its IPv6 address's /64 (one host's usual share).
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+    }
+}
+
 /// The client's address, when the request came through [`serve`].
 pub fn client_of(request: &axum::http::request::Parts) -> Option<SocketAddr> {
     request
@@ -157,6 +175,17 @@ mod tests {
         assert!(clients.enter([127, 0, 0, 2].into(), 2).is_some());
         drop(first);
         assert!(clients.enter(ip, 2).is_some());
+    }
+
+    #[test]
+    fn an_ipv6_client_is_its_slash_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::2".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(client_key(a), client_key(b));
+        assert_ne!(client_key(a), client_key(c));
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert_eq!(client_key(mapped), IpAddr::from([10, 0, 0, 1]));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! OpenAPI document ([`openapi`], served at `/openapi.json`) is generated from the routes and the
 //! [`views`]' types.
 
+mod body;
 mod doc;
 pub mod listener;
 mod metrics;
@@ -16,13 +17,13 @@ use crate::call::FailurePolicy;
 use crate::sandbox::wit::{self, Direction, Media};
 use crate::sandbox::LoadError;
 use crate::tenancy::{AgentRecord, AgentStatus, RegistryError, ServeError, Tenancy, VersionRecord};
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::{header, request::Parts, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use body::BodyError;
 use doc::{AgentPath, VersionPath};
-use http_body_util::BodyExt as _;
 pub use metrics::{render as render_metrics, HostCounts, CONTENT_TYPE as METRICS_CONTENT_TYPE};
 use std::sync::Arc;
 use utoipa::OpenApi as _;
@@ -87,17 +88,26 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     document
 }
 
+/// How much of a request's path the access log keeps, in characters.
+const MAX_LOGGED_PATH: usize = 200;
+
 /// One line per request: method, path, status, time. Never a header (the token is one).
 async fn access_log(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let (method, path) = (request.method().clone(), request.uri().path());
+    // A client may send a path of hundreds of kilobytes: the log keeps its start.
+    let path = match path.char_indices().nth(MAX_LOGGED_PATH) {
+        Some((at, _)) => format!("{}…", &path[..at]),
+        None => path.to_string(),
+    };
     let started = std::time::Instant::now();
     let response = next.run(request).await;
     let (status, took_ms) = (
         response.status().as_u16(),
         started.elapsed().as_millis() as u64,
     );
-    // Scrapes and health checks come every few seconds: only at debug.
-    if path == "/metrics" || path == "/healthz" {
+    // Scrapes and health checks come every few seconds, refusals for rate as fast as a client sends
+    // them: only at debug.
+    if path == "/metrics" || path == "/healthz" || status == 429 {
         tracing::debug!(%method, path, status, took_ms, "admin request");
     } else {
         tracing::info!(%method, path, status, took_ms, "admin request");
@@ -112,6 +122,8 @@ async fn access_log(request: axum::extract::Request, next: axum::middleware::Nex
 pub struct ApiError {
     code: ErrorCode,
     message: String,
+    /// Seconds until the client may try again (`Retry-After`), for a `busy` answer.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -119,6 +131,16 @@ impl ApiError {
         ApiError {
             code,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// `429 busy`, to try again after `wait` (rounded up to whole seconds).
+    fn busy(message: impl Into<String>, wait: std::time::Duration) -> ApiError {
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        ApiError {
+            retry_after: Some(seconds.max(1)),
+            ..ApiError::new(ErrorCode::Busy, message)
         }
     }
 
@@ -132,25 +154,24 @@ impl IntoResponse for ApiError {
         let status =
             StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = (status, Json(ErrorBody::new(self.code, self.message))).into_response();
-        if self.code == ErrorCode::Busy {
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                header::HeaderValue::from_static(RETRY_BUSY_SECONDS),
-            );
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
         }
         response
     }
 }
 
 /// When a tenant with all its uploads in progress may try again (`Retry-After`).
-const RETRY_BUSY_SECONDS: &str = "5";
+const RETRY_BUSY: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl From<ServeError> for ApiError {
     fn from(error: ServeError) -> ApiError {
         let message = error.to_string();
         let code = match error {
+            ServeError::Busy(_) => return ApiError::busy(message, RETRY_BUSY),
             ServeError::BadRequest(_) => ErrorCode::BadRequest,
-            ServeError::Busy(_) => ErrorCode::Busy,
             ServeError::Load(LoadError::NotWasm) => ErrorCode::NotWasm,
             ServeError::Load(LoadError::CoreModule) => ErrorCode::CoreModule,
             ServeError::Load(LoadError::Invalid(_)) => ErrorCode::InvalidComponent,
@@ -190,12 +211,34 @@ impl FromRequestParts<Arc<Tenancy>> for Tenant {
         tenancy: &Arc<Tenancy>,
     ) -> Result<Tenant, ApiError> {
         match bearer(&parts.headers).and_then(|token| tenancy.tenant_by_token(token)) {
-            Some(tenant) => Ok(Tenant(tenant)),
-            None => Err(ApiError::new(
-                ErrorCode::Unauthorized,
+            Some(tenant) => {
+                tenancy.request(&tenant).map_err(|wait| {
+                    ApiError::busy(
+                        "this tenant asks faster than its `requests_per_second`: slow down",
+                        wait,
+                    )
+                })?;
+                Ok(Tenant(tenant))
+            }
+            None => Err(failed_login(
+                tenancy,
+                parts,
                 "send a tenant's admin token as `Authorization: Bearer <token>`",
             )),
         }
+    }
+}
+
+/// The answer to a request without a token the host knows: 401, or 429 once its client address has failed
+/// `failed_logins_per_minute` times.
+fn failed_login(tenancy: &Tenancy, parts: &Parts, what: &str) -> ApiError {
+    let client = listener::client_of(parts).map(|addr| listener::client_key(addr.ip()));
+    match tenancy.failed_login(client) {
+        Ok(()) => ApiError::new(ErrorCode::Unauthorized, what),
+        Err(wait) => ApiError::busy(
+            "too many failed logins from this address: wait before trying again",
+            wait,
+        ),
     }
 }
 
@@ -307,10 +350,12 @@ async fn healthz(State(tenancy): State<Arc<Tenancy>>) -> (StatusCode, Json<Healt
         (status = 401, description = "The config sets a metrics token and the request did not carry \
             it.", body = ErrorBody),
     ))]
-async fn metrics(State(tenancy): State<Arc<Tenancy>>, headers: header::HeaderMap) -> Response {
-    if !tenancy.may_read_metrics(bearer(&headers)) {
-        return ApiError::new(
-            ErrorCode::Unauthorized,
+async fn metrics(State(tenancy): State<Arc<Tenancy>>, request: axum::extract::Request) -> Response {
+    let (parts, _) = request.into_parts();
+    if !tenancy.may_read_metrics(bearer(&parts.headers)) {
+        return failed_login(
+            &tenancy,
+            &parts,
             "send the operator's metrics token as `Authorization: Bearer <token>`",
         )
         .into_response();
@@ -434,22 +479,12 @@ async fn upload(
             format!("the component is over this tenant's cap of {cap} bytes"),
         )
     };
-    // Read at most one byte past the cap: a huge body is refused without being held; a slow one is
-    // dropped at the deadline.
+    // A body over the cap is refused without being held; a slow one is given up at the deadline.
     let timeout = tenancy.upload_timeout();
-    let read = tokio::time::timeout(
-        timeout,
-        http_body_util::Limited::new(body, cap as usize + 1).collect(),
-    );
-    let wasm = match read.await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
-        Ok(Err(error)) => {
-            return Err(ApiError::bad_request(format!(
-                "the upload broke off: {error}"
-            )))
-        }
-        Err(_) => {
+    let wasm = match body::read(body, usize::try_from(cap).unwrap_or(usize::MAX), timeout).await {
+        Ok(wasm) => wasm,
+        Err(BodyError::TooLarge) => return Err(too_large()),
+        Err(BodyError::TooSlow) => {
             return Err(ApiError::new(
                 ErrorCode::Timeout,
                 format!(
@@ -457,6 +492,11 @@ async fn upload(
                     timeout.as_secs()
                 ),
             ))
+        }
+        Err(BodyError::BrokenOff(why)) => {
+            return Err(ApiError::bad_request(format!(
+                "the upload broke off: {why}"
+            )))
         }
     };
     if wasm.len() as u64 > cap {
@@ -501,9 +541,9 @@ async fn activate(
     State(tenancy): State<Arc<Tenancy>>,
     Tenant(tenant): Tenant,
     Path(AgentPath { agent_id }): Path<AgentPath>,
-    body: Bytes,
+    body: Body,
 ) -> Result<Json<AgentView>, ApiError> {
-    let ActivateRequest { version } = parse_json(&body)?;
+    let ActivateRequest { version } = parse_json(body).await?;
     let record = tenancy.activate(&tenant, &agent_id, version).await?;
     Ok(Json(agent_view(&tenancy, &tenant, agent_id, record)))
 }
@@ -561,9 +601,9 @@ async fn set_policy(
     State(tenancy): State<Arc<Tenancy>>,
     Tenant(tenant): Tenant,
     Path(AgentPath { agent_id }): Path<AgentPath>,
-    body: Bytes,
+    body: Body,
 ) -> Result<Json<AgentView>, ApiError> {
-    let policy: FailurePolicy = parse_json(&body)?;
+    let policy: FailurePolicy = parse_json(body).await?;
     let record = tenancy.set_policy(&tenant, &agent_id, policy).await?;
     Ok(Json(agent_view(&tenancy, &tenant, agent_id, record)))
 }
@@ -647,6 +687,30 @@ async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(openapi())
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body: {e}")))
+async fn parse_json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, ApiError> {
+    let body = match body::read(body, JSON_BODY_BYTES, JSON_BODY_TIME).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => {
+            return Err(ApiError::new(
+                ErrorCode::TooLarge,
+                format!("the body is over {JSON_BODY_BYTES} bytes"),
+            ))
+        }
+        Err(BodyError::TooSlow) => {
+            return Err(ApiError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "the body did not arrive within {} s",
+                    JSON_BODY_TIME.as_secs()
+                ),
+            ))
+        }
+        Err(BodyError::BrokenOff(why)) => return Err(ApiError::bad_request(why)),
+    };
+    serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the body: {e}")))
 }
+
+/// The largest JSON body a route takes (an activation, a failure policy: a few hundred bytes).
+const JSON_BODY_BYTES: usize = 64 << 10;
+/// How long a JSON body may take to arrive.
+const JSON_BODY_TIME: std::time::Duration = std::time::Duration::from_secs(10);

@@ -3,6 +3,7 @@
 
 use super::*;
 use axum::http::Request;
+use http_body_util::BodyExt as _;
 use tower::ServiceExt as _;
 
 const ACME: &str = "acme-admin-token";

@@ -266,8 +266,9 @@ pub enum ErrorCode {
     /// 409: the request clashes with the agent's state: deleting the active version, or a rollback with
     /// nothing to roll back to.
     Conflict,
-    /// 429: the tenant has as many uploads in progress as it may (`[admin] uploads_per_tenant`); the
-    /// answer's `Retry-After` says when to try again.
+    /// 429: the tenant has as many uploads in progress as it may (`[admin] uploads_per_tenant`), asks
+    /// faster than `requests_per_second`, or its client address failed to log in more than
+    /// `failed_logins_per_minute`; the answer's `Retry-After` says when to try again.
     Busy,
     /// 408: the upload's body did not arrive within `[admin] upload_timeout_seconds`.
     Timeout,

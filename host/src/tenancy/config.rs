@@ -118,6 +118,28 @@ pub struct AdminConfig {
     /// Seconds a request's head may take to arrive, and a connection may sit idle (1 to 300).
     #[serde(default = "default_head_timeout_seconds")]
     pub head_timeout_seconds: u64,
+    /// Seconds an admin connection may stay open at all (1 to 86400): bounds a client that stops reading.
+    #[serde(default = "default_connection_max_seconds")]
+    pub connection_max_seconds: u64,
+    /// Failed logins one client address may make per minute (1 to 10000); then `429 busy`.
+    #[serde(default = "default_failed_logins_per_minute")]
+    pub failed_logins_per_minute: u32,
+    /// Requests one tenant may make per second, with a burst of twice that (1 to 100000); then
+    /// `429 busy`.
+    #[serde(default = "default_requests_per_second")]
+    pub requests_per_second: u32,
+}
+
+fn default_connection_max_seconds() -> u64 {
+    600
+}
+
+fn default_failed_logins_per_minute() -> u32 {
+    10
+}
+
+fn default_requests_per_second() -> u32 {
+    50
 }
 
 impl AdminConfig {
@@ -132,6 +154,21 @@ impl AdminConfig {
                 65_536,
             ),
             ("head_timeout_seconds", self.head_timeout_seconds, 300),
+            (
+                "connection_max_seconds",
+                self.connection_max_seconds,
+                86_400,
+            ),
+            (
+                "failed_logins_per_minute",
+                self.failed_logins_per_minute.into(),
+                10_000,
+            ),
+            (
+                "requests_per_second",
+                self.requests_per_second.into(),
+                100_000,
+            ),
         ];
         for (name, value, most) in values {
             anyhow::ensure!(
@@ -173,6 +210,9 @@ impl Default for AdminConfig {
             max_connections: default_max_connections(),
             max_connections_per_client: default_max_connections_per_client(),
             head_timeout_seconds: default_head_timeout_seconds(),
+            connection_max_seconds: default_connection_max_seconds(),
+            failed_logins_per_minute: default_failed_logins_per_minute(),
+            requests_per_second: default_requests_per_second(),
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use super::compiling::{CompileQueue, UploadSlots};
 use super::config::{ServeConfig, Tenant, TokenHash};
+use super::rates::Rates;
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
 use crate::content::Digest;
@@ -99,6 +100,8 @@ pub struct Tenancy {
     uploads: UploadSlots,
     /// How long an upload's body may take to arrive.
     upload_timeout: Duration,
+    /// Failed logins per client address, requests per tenant.
+    rates: Rates,
     /// Components compiled by this process (a restart with a warm cache compiles none).
     pub compilations: Counter,
     /// Components loaded from the compiled cache.
@@ -147,6 +150,10 @@ impl Tenancy {
             compiling: CompileQueue::new(config.compile.at_once),
             uploads: UploadSlots::new(config.admin.uploads_per_tenant),
             upload_timeout: Duration::from_secs(config.admin.upload_timeout_seconds),
+            rates: Rates::new(
+                config.admin.failed_logins_per_minute,
+                config.admin.requests_per_second,
+            ),
             compilations: Counter::default(),
             cache_loads: Counter::default(),
             admin_refused: Counter::default(),
@@ -358,6 +365,16 @@ impl Tenancy {
     }
 
     // ----- what the admin API asks -----
+
+    /// Counts a failed login from `client`; `Err(wait)` when it has failed too often lately.
+    pub fn failed_login(&self, client: Option<std::net::IpAddr>) -> Result<(), Duration> {
+        self.rates.failed_login(client)
+    }
+
+    /// Counts one of the tenant's requests; `Err(wait)` when it asks faster than it may.
+    pub fn request(&self, tenant: &str) -> Result<(), Duration> {
+        self.rates.request(tenant)
+    }
 
     /// A slot for one of the tenant's uploads, to hold from before its body is read until its answer.
     pub fn upload_slot(&self, tenant: &str) -> Result<UploadSlot, ServeError> {

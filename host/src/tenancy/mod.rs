@@ -6,6 +6,7 @@
 mod compiling;
 mod config;
 mod host;
+mod rates;
 mod registry;
 
 pub use config::{

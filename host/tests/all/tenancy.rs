@@ -875,3 +875,52 @@ async fn a_flood_of_half_open_admin_connections_is_capped_and_timed_out_while_ca
     );
     hosting.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_guessing_tokens_is_slowed_to_its_rate_and_a_tenant_keeps_its_access() {
+    let hosting = Hosting::start_with(
+        "failed-logins",
+        "[admin]\nfailed_logins_per_minute = 3\nrequests_per_second = 1000",
+        "",
+    )
+    .await;
+    // From 127.0.0.2: three wrong tokens are answered 401, then 429 with how long to wait.
+    let guess = || async {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut stream = half_open(&hosting.admin, [127, 0, 0, 2]).await;
+        stream
+            .write_all(
+                b"ts/agent_acme/rollback HTTP/1.1\r\nhost: x\r\nauthorization: Bearer vh_not_a_token_anyone_has_0000\r\n\
+                  connection: close\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.unwrap();
+        text
+    };
+    for _ in 0..3 {
+        let text = guess().await;
+        assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    }
+    let text = guess().await;
+    assert!(text.starts_with("HTTP/1.1 429"), "{text}");
+    let retry = text
+        .lines()
+        .find_map(|l| {
+            l.to_lowercase()
+                .strip_prefix("retry-after: ")
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("no Retry-After: {text}"));
+    assert!(
+        (1..=20).contains(&retry.trim().parse::<u64>().unwrap()),
+        "{retry}"
+    );
+    // The tenant, from its own address, is not slowed.
+    let (status, body) = hosting
+        .api("GET", "/v1/agents", Some(ACME_TOKEN), vec![])
+        .await;
+    assert_eq!(status, 200, "{body}");
+    hosting.finish().await;
+}
