@@ -190,6 +190,9 @@ impl Tenancy {
                 );
                 continue;
             }
+            if self.running().contains_key(&key(&tenant, &agent)) {
+                continue;
+            }
             match self.cached(&version.digest).await {
                 Ok(Some(code)) => self.serve_if_active(&tenant, &agent, &version, code).await,
                 Ok(None) => to_compile.push((tenant, agent, version)),
