@@ -135,6 +135,17 @@ impl ApiError {
         }
     }
 
+    /// `408 timeout`: the body did not arrive within `deadline`; nothing of it was kept.
+    fn too_slow(deadline: std::time::Duration) -> ApiError {
+        ApiError::new(
+            ErrorCode::Timeout,
+            format!(
+                "the body did not arrive within {} s: nothing was kept",
+                deadline.as_secs()
+            ),
+        )
+    }
+
     /// `429 busy`, to try again after `wait` (rounded up to whole seconds).
     fn busy(message: impl Into<String>, wait: std::time::Duration) -> ApiError {
         let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
@@ -484,15 +495,7 @@ async fn upload(
     let wasm = match body::read(body, usize::try_from(cap).unwrap_or(usize::MAX), timeout).await {
         Ok(wasm) => wasm,
         Err(BodyError::TooLarge) => return Err(too_large()),
-        Err(BodyError::TooSlow) => {
-            return Err(ApiError::new(
-                ErrorCode::Timeout,
-                format!(
-                    "the body did not arrive within {} s: nothing was kept",
-                    timeout.as_secs()
-                ),
-            ))
-        }
+        Err(BodyError::TooSlow) => return Err(ApiError::too_slow(timeout)),
         Err(BodyError::BrokenOff(why)) => {
             return Err(ApiError::bad_request(format!(
                 "the upload broke off: {why}"
@@ -696,15 +699,7 @@ async fn parse_json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, Api
                 format!("the body is over {JSON_BODY_BYTES} bytes"),
             ))
         }
-        Err(BodyError::TooSlow) => {
-            return Err(ApiError::new(
-                ErrorCode::Timeout,
-                format!(
-                    "the body did not arrive within {} s",
-                    JSON_BODY_TIME.as_secs()
-                ),
-            ))
-        }
+        Err(BodyError::TooSlow) => return Err(ApiError::too_slow(JSON_BODY_TIME)),
         Err(BodyError::BrokenOff(why)) => return Err(ApiError::bad_request(why)),
     };
     serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the body: {e}")))

@@ -130,6 +130,17 @@ fn in_background(
     })
 }
 
+/// Starts acme's upload of [`slow_to_compile`] in the background, once its compile is running.
+async fn slow_upload(hosting: &Hosting) -> tokio::task::JoinHandle<(u16, serde_json::Value)> {
+    let slow = in_background(hosting, "/v1/agents/agent_slow/versions", slow_to_compile());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while compiles_running(&hosting.dir) == 0 {
+        assert!(Instant::now() < deadline, "the slow compile never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    slow
+}
+
 /// Uploads `wasm` as acme's `agent`: (status, answer).
 async fn upload(hosting: &Hosting, agent: &str, wasm: Vec<u8>) -> (u16, serde_json::Value) {
     hosting
@@ -211,16 +222,7 @@ async fn while_one_tenant_compiles_slowly_the_other_uploads_activates_reads_and_
     assert_eq!(status, 201);
 
     // acme's upload compiles for minutes.
-    let slow = in_background(
-        &hosting,
-        "/v1/agents/agent_slow/versions",
-        slow_to_compile(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while compiles_running(&hosting.dir) == 0 {
-        assert!(Instant::now() < deadline, "acme's compile never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let slow = slow_upload(&hosting).await;
 
     // Meanwhile globex: reads, activates a compiled version, rolls back, uploads a new one (compiled in
     // the other slot), and its agent takes a call.
@@ -338,16 +340,7 @@ async fn an_activation_that_waited_for_a_compile_while_the_agent_was_replaced_is
         }
     }
     // acme's turn to compile is held by a slow upload; the activation queues behind it.
-    let slow = in_background(
-        &hosting,
-        "/v1/agents/agent_slow/versions",
-        slow_to_compile(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while compiles_running(&hosting.dir) == 0 {
-        assert!(Instant::now() < deadline, "the slow compile never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let slow = slow_upload(&hosting).await;
     let activate = in_background(
         &hosting,
         "/v1/agents/agent_acme/activate",
