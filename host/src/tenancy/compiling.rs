@@ -8,6 +8,48 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+/// A semaphore of `permits` per tenant, made on first use.
+struct PerTenant {
+    permits: usize,
+    tenants: Mutex<BTreeMap<String, Arc<Semaphore>>>,
+}
+
+impl PerTenant {
+    fn new(permits: usize) -> PerTenant {
+        PerTenant {
+            permits,
+            tenants: Mutex::default(),
+        }
+    }
+
+    /// `tenant`'s semaphore.
+    fn of(&self, tenant: &str) -> Arc<Semaphore> {
+        self.tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(tenant.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.permits)))
+            .clone()
+    }
+
+    /// How many of `tenant`'s permits are held.
+    fn held(&self, tenant: &str) -> usize {
+        self.tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(tenant)
+            .map_or(0, |semaphore| self.permits - semaphore.available_permits())
+    }
+
+    /// Forgets the tenants not in `keep` (removed from the config).
+    fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.tenants
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|tenant, _| keep(tenant));
+    }
+}
+
 /// The queue of compiles.
 pub(super) struct CompileQueue {
     /// Compiles at once across tenants.
@@ -15,7 +57,7 @@ pub(super) struct CompileQueue {
     /// One compile at a time per tenant: a tenant waits here before it queues for a slot, so the slots'
     /// queue (first come, first served) holds at most one compile of each tenant, and serves tenants in
     /// turn however many uploads one of them sends.
-    tenants: Mutex<BTreeMap<String, Arc<Semaphore>>>,
+    tenants: PerTenant,
 }
 
 /// A turn to compile: held while the compile runs.
@@ -29,21 +71,19 @@ impl CompileQueue {
     pub(super) fn new(at_once: usize) -> CompileQueue {
         CompileQueue {
             slots: Arc::new(Semaphore::new(at_once)),
-            tenants: Mutex::default(),
+            tenants: PerTenant::new(1),
         }
     }
 
     /// Waits for `tenant`'s turn. (Dropping the future leaves the queue.)
     pub(super) async fn turn(&self, tenant: &str) -> Turn {
-        let mine = self
-            .tenants
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(tenant.to_string())
-            .or_insert_with(|| Arc::new(Semaphore::new(1)))
-            .clone();
         // Neither semaphore is ever closed.
-        let tenant = mine.acquire_owned().await.expect("never closed");
+        let tenant = self
+            .tenants
+            .of(tenant)
+            .acquire_owned()
+            .await
+            .expect("never closed");
         let slot = self
             .slots
             .clone()
@@ -58,60 +98,37 @@ impl CompileQueue {
 
     /// Forgets the tenants not in `keep` (removed from the config).
     pub(super) fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.tenants
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|tenant, _| keep(tenant));
+        self.tenants.retain(keep);
     }
 }
 
 /// Each tenant's uploads in progress, at most a fixed number each.
-pub(super) struct UploadSlots {
-    per_tenant: usize,
-    tenants: Mutex<BTreeMap<String, Arc<Semaphore>>>,
-}
+pub(super) struct UploadSlots(PerTenant);
 
 impl UploadSlots {
     /// At most `per_tenant` uploads in progress per tenant.
     pub(super) fn new(per_tenant: usize) -> UploadSlots {
-        UploadSlots {
-            per_tenant,
-            tenants: Mutex::default(),
-        }
+        UploadSlots(PerTenant::new(per_tenant))
     }
 
     /// A slot for one of `tenant`'s uploads, held until its answer; `None` when all are taken.
     pub(super) fn try_take(&self, tenant: &str) -> Option<OwnedSemaphorePermit> {
-        let slots = self
-            .tenants
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(tenant.to_string())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.per_tenant)))
-            .clone();
-        slots.try_acquire_owned().ok()
+        self.0.of(tenant).try_acquire_owned().ok()
     }
 
     /// How many of `tenant`'s uploads are in progress.
     pub(super) fn in_progress(&self, tenant: &str) -> usize {
-        self.tenants
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(tenant)
-            .map_or(0, |slots| self.per_tenant - slots.available_permits())
+        self.0.held(tenant)
     }
 
     /// How many each tenant may have.
     pub(super) fn per_tenant(&self) -> usize {
-        self.per_tenant
+        self.0.permits
     }
 
     /// Forgets the tenants not in `keep` (removed from the config).
     pub(super) fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.tenants
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|tenant, _| keep(tenant));
+        self.0.retain(keep);
     }
 }
 

@@ -53,13 +53,6 @@ pub struct CompileConfig {
     pub at_once: usize,
 }
 
-/// The ranges of `[compile]`'s settings: (name, least, most).
-pub const COMPILE_RANGES: [(&str, u64, u64); 3] = [
-    ("cpu_seconds", 1, 3600),
-    ("memory_mib", 256, 65_536),
-    ("at_once", 1, 16),
-];
-
 impl Default for CompileConfig {
     fn default() -> Self {
         CompileConfig {
@@ -80,15 +73,26 @@ impl CompileConfig {
     }
 
     fn check(&self) -> anyhow::Result<()> {
-        let values = [self.cpu_seconds, self.memory_mib, self.at_once as u64];
-        for ((name, least, most), value) in COMPILE_RANGES.iter().zip(values) {
-            anyhow::ensure!(
-                (*least..=*most).contains(&value),
-                "compile.{name} = {value}: use {least} to {most}"
-            );
-        }
-        Ok(())
+        within(
+            "compile",
+            &[
+                ("cpu_seconds", self.cpu_seconds, 1, 3600),
+                ("memory_mib", self.memory_mib, 256, 65_536),
+                ("at_once", self.at_once as u64, 1, 16),
+            ],
+        )
     }
+}
+
+/// Checks each (name, value, least, most) of the table `table`.
+fn within(table: &str, settings: &[(&str, u64, u64, u64)]) -> anyhow::Result<()> {
+    for &(name, value, least, most) in settings {
+        anyhow::ensure!(
+            (least..=most).contains(&value),
+            "{table}.{name} = {value}: use {least} to {most}"
+        );
+    }
+    Ok(())
 }
 
 /// `[admin]`: where the admin API listens, who may read `/metrics`, and what its clients may hold.
@@ -144,39 +148,44 @@ fn default_requests_per_second() -> u32 {
 
 impl AdminConfig {
     fn check(&self) -> anyhow::Result<()> {
-        let values = [
-            ("upload_timeout_seconds", self.upload_timeout_seconds, 3600),
-            ("uploads_per_tenant", self.uploads_per_tenant as u64, 64),
-            ("max_connections", self.max_connections as u64, 65_536),
-            (
-                "max_connections_per_client",
-                self.max_connections_per_client as u64,
-                65_536,
-            ),
-            ("head_timeout_seconds", self.head_timeout_seconds, 300),
-            (
-                "connection_max_seconds",
-                self.connection_max_seconds,
-                86_400,
-            ),
-            (
-                "failed_logins_per_minute",
-                self.failed_logins_per_minute.into(),
-                10_000,
-            ),
-            (
-                "requests_per_second",
-                self.requests_per_second.into(),
-                100_000,
-            ),
-        ];
-        for (name, value, most) in values {
-            anyhow::ensure!(
-                (1..=most).contains(&value),
-                "admin.{name} = {value}: use 1 to {most}"
-            );
-        }
-        Ok(())
+        within(
+            "admin",
+            &[
+                (
+                    "upload_timeout_seconds",
+                    self.upload_timeout_seconds,
+                    1,
+                    3600,
+                ),
+                ("uploads_per_tenant", self.uploads_per_tenant as u64, 1, 64),
+                ("max_connections", self.max_connections as u64, 1, 65_536),
+                (
+                    "max_connections_per_client",
+                    self.max_connections_per_client as u64,
+                    1,
+                    65_536,
+                ),
+                ("head_timeout_seconds", self.head_timeout_seconds, 1, 300),
+                (
+                    "connection_max_seconds",
+                    self.connection_max_seconds,
+                    1,
+                    86_400,
+                ),
+                (
+                    "failed_logins_per_minute",
+                    self.failed_logins_per_minute.into(),
+                    1,
+                    10_000,
+                ),
+                (
+                    "requests_per_second",
+                    self.requests_per_second.into(),
+                    1,
+                    100_000,
+                ),
+            ],
+        )
     }
 }
 

@@ -141,13 +141,18 @@ async fn slow_upload(hosting: &Hosting) -> tokio::task::JoinHandle<(u16, serde_j
     slow
 }
 
-/// Uploads `wasm` as acme's `agent`: (status, answer).
-async fn upload(hosting: &Hosting, agent: &str, wasm: Vec<u8>) -> (u16, serde_json::Value) {
+/// Uploads `wasm` as the `token`'s tenant's `agent`: (status, answer).
+async fn upload(
+    hosting: &Hosting,
+    token: &str,
+    agent: &str,
+    wasm: Vec<u8>,
+) -> (u16, serde_json::Value) {
     hosting
         .api(
             "POST",
             &format!("/v1/agents/{agent}/versions"),
-            Some(ACME_TOKEN),
+            Some(token),
             wasm,
         )
         .await
@@ -155,7 +160,7 @@ async fn upload(hosting: &Hosting, agent: &str, wasm: Vec<u8>) -> (u16, serde_js
 
 /// Uploads `wasm` as acme's `agent`, which must be refused `422 over_limits`: the refusal's message.
 async fn refused_over_limits(hosting: &Hosting, agent: &str, wasm: Vec<u8>) -> String {
-    let (status, answer) = upload(hosting, agent, wasm).await;
+    let (status, answer) = upload(hosting, ACME_TOKEN, agent, wasm).await;
     assert_eq!(status, 422, "{answer}");
     assert_eq!(answer["error"]["code"], "over_limits", "{answer}");
     answer["error"]["message"].as_str().unwrap().to_string()
@@ -211,15 +216,14 @@ async fn while_one_tenant_compiles_slowly_the_other_uploads_activates_reads_and_
     hosting
         .deploy(GLOBEX_TOKEN, "agent_globex", "conformance")
         .await;
-    let (status, _) = hosting
-        .api(
-            "POST",
-            "/v1/agents/agent_globex/versions",
-            Some(GLOBEX_TOKEN),
-            voicehost_testkit::guest("panicker"),
-        )
-        .await;
-    assert_eq!(status, 201);
+    let (status, answer) = upload(
+        &hosting,
+        GLOBEX_TOKEN,
+        "agent_globex",
+        voicehost_testkit::guest("panicker"),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
 
     // acme's upload compiles for minutes.
     let slow = slow_upload(&hosting).await;
@@ -243,14 +247,13 @@ async fn while_one_tenant_compiles_slowly_the_other_uploads_activates_reads_and_
             .await;
         assert_eq!(status, 200, "{method} {path}: {answer}");
     }
-    let (status, answer) = hosting
-        .api(
-            "POST",
-            "/v1/agents/agent_globex/versions",
-            Some(GLOBEX_TOKEN),
-            voicehost_testkit::guest("hoarder"),
-        )
-        .await;
+    let (status, answer) = upload(
+        &hosting,
+        GLOBEX_TOKEN,
+        "agent_globex",
+        voicehost_testkit::guest("hoarder"),
+    )
+    .await;
     assert_eq!(status, 201, "{answer}");
     let mut call = hosting.connection("agent_globex").await.start_text();
     call.expect_say("Hello from the conformance agent.")
@@ -288,17 +291,9 @@ async fn an_upload_of_bytes_another_tenant_holds_compiles_as_if_they_were_new() 
     };
     let wasm = voicehost_testkit::guest("conformance");
     let upload_as = |token: &'static str, agent: &'static str| {
-        let wasm = wasm.clone();
-        let hosting = &hosting;
+        let (wasm, hosting) = (wasm.clone(), &hosting);
         async move {
-            let (status, answer) = hosting
-                .api(
-                    "POST",
-                    &format!("/v1/agents/{agent}/versions"),
-                    Some(token),
-                    wasm,
-                )
-                .await;
+            let (status, answer) = upload(hosting, token, agent, wasm).await;
             assert_eq!(status, 201, "{answer}");
         }
     };
@@ -322,6 +317,7 @@ async fn an_activation_that_waited_for_a_compile_while_the_agent_was_replaced_is
     // (so uploading them again comes from the cache, not the compile queue).
     let (status, first) = upload(
         &hosting,
+        ACME_TOKEN,
         "agent_acme",
         voicehost_testkit::guest("conformance"),
     )
@@ -352,8 +348,13 @@ async fn an_activation_that_waited_for_a_compile_while_the_agent_was_replaced_is
         .api("DELETE", "/v1/agents/agent_acme", Some(ACME_TOKEN), vec![])
         .await;
     assert_eq!(status, 204, "{answer}");
-    let (status, again) =
-        upload(&hosting, "agent_acme", voicehost_testkit::guest("panicker")).await;
+    let (status, again) = upload(
+        &hosting,
+        ACME_TOKEN,
+        "agent_acme",
+        voicehost_testkit::guest("panicker"),
+    )
+    .await;
     assert_eq!(status, 201, "{again}");
     assert_eq!(again["version"], 1);
     slow.abort();

@@ -810,6 +810,18 @@ async fn closed_within(stream: &mut tokio::net::TcpStream, wait: Duration) -> bo
     )
 }
 
+/// How many of `streams` the server closes within `wait`, all watched at once.
+async fn closed_count<'a>(
+    streams: impl Iterator<Item = &'a mut tokio::net::TcpStream>,
+    wait: Duration,
+) -> usize {
+    futures_util::future::join_all(streams.map(|stream| closed_within(stream, wait)))
+        .await
+        .into_iter()
+        .filter(|closed| *closed)
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_half_open_admin_connections_is_capped_and_timed_out_while_calls_go_on() {
     let hosting = Hosting::start_with(
@@ -832,16 +844,11 @@ async fn a_flood_of_half_open_admin_connections_is_capped_and_timed_out_while_ca
         second.push(half_open(&hosting.admin, [127, 0, 0, 3]).await);
     }
     // (All at once: one at a time would take longer than the head timeout.)
-    let refused = futures_util::future::join_all(
-        first
-            .iter_mut()
-            .chain(second.iter_mut())
-            .map(|stream| closed_within(stream, Duration::from_millis(500))),
+    let refused = closed_count(
+        first.iter_mut().chain(second.iter_mut()),
+        Duration::from_millis(500),
     )
-    .await
-    .into_iter()
-    .filter(|closed| *closed)
-    .count();
+    .await;
     assert_eq!(
         refused, 40,
         "30 over the first client's cap, 10 over the listener's"
@@ -853,16 +860,11 @@ async fn a_flood_of_half_open_admin_connections_is_capped_and_timed_out_while_ca
         .unwrap();
     call.end("completed");
     // The held ones are closed once their head is late; then the admin API answers again.
-    let held_closed = futures_util::future::join_all(
-        first
-            .iter_mut()
-            .chain(second.iter_mut())
-            .map(|stream| closed_within(stream, Duration::from_secs(10))),
+    let held_closed = closed_count(
+        first.iter_mut().chain(second.iter_mut()),
+        Duration::from_secs(10),
     )
-    .await
-    .into_iter()
-    .filter(|closed| *closed)
-    .count();
+    .await;
     assert_eq!(held_closed, 80);
     let (status, body) = hosting
         .api("GET", "/v1/agents", Some(GLOBEX_TOKEN), vec![])
