@@ -224,14 +224,20 @@ impl Tenancy {
         let Ok(record) = registry.agent(tenant, agent) else {
             return;
         };
-        let current = record.active.and_then(|v| record.version(v));
-        if current.map(|v| &v.digest) != Some(&version.digest)
-            || current.map(|v| v.version) != Some(version.version)
+        if record.active != Some(version.version)
             || self.running().contains_key(&key(tenant, agent))
         {
             return;
         }
-        if let Err(error) = self.check_fits(tenant, agent, &code) {
+        let still = self.still_fits(
+            &registry,
+            tenant,
+            agent,
+            version.version,
+            &version.digest,
+            &code,
+        );
+        if let Err(error) = still {
             tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version");
             return;
         }
@@ -645,9 +651,10 @@ impl Tenancy {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A stored version's code, ready to serve under the agent's limits, and the digest it was made from:
-    /// from the cache, or compiled in the tenant's turn. The registry's lock is held only to read the
-    /// component; [`Tenancy::still_fits`] checks, under it again, that nothing changed meanwhile.
+    /// A stored version's code and the digest it was made from: from the cache, or compiled in the
+    /// tenant's turn. The registry's lock is held only to read the component; the caller checks, under it
+    /// again, that nothing changed meanwhile and that the code fits the agent's limits as they are then
+    /// ([`Tenancy::still_fits`]).
     async fn code(
         &self,
         tenant: &str,
@@ -664,7 +671,6 @@ impl Tenancy {
             (registry.component(&chosen)?, chosen.digest)
         };
         let code = self.load(tenant, wasm.into(), &digest, true).await?;
-        self.check_fits(tenant, agent, &code)?;
         Ok((code, digest))
     }
 
