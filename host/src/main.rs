@@ -98,7 +98,8 @@ struct RunArgs {
     )]
     on_repeated_traps: FailurePolicy,
     /// An origin the agent may send HTTP requests to (`https://api.example.com`, `http://127.0.0.1:8089`);
-    /// repeat for more. None by default.
+    /// repeat for more. None by default. Named here by whoever runs the host, such an origin may resolve
+    /// to any address, private ones included (`serve` needs `allow_private` for that).
     #[arg(long, value_name = "ORIGIN")]
     allow_http: Vec<String>,
 }
@@ -176,7 +177,13 @@ async fn run(args: RunArgs) -> Result<()> {
         .check()
         .map_err(|e| anyhow!("--{} {}", e.key.replace('_', "-"), e.problem))?;
     let rules = CallRules {
-        limits: Limits::of(&limits, Arc::new(HttpPolicy::allowing(allow))),
+        limits: Limits::of(
+            &limits,
+            Arc::new(HttpPolicy {
+                allow_private: allow.clone(),
+                ..HttpPolicy::allowing(allow)
+            }),
+        ),
         max_traps: args.max_traps,
         policy: args.on_repeated_traps,
         ..CallRules::default()

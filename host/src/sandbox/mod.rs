@@ -21,6 +21,7 @@ use std::time::Duration;
 use limits::ResolvedLimits;
 
 pub mod compiler;
+pub mod egress;
 mod engine;
 mod guest_log;
 mod imports;

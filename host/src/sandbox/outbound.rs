@@ -18,16 +18,18 @@
 //! byte before the last one, and the host holds up to `max_response_bytes` per open response; a call has at
 //! most [`MAX_OPEN_REQUESTS`] requests and unread responses at once.
 
+use super::egress::{self, Reach};
 use super::limits::HTTP_BODY_CHUNK_BYTES;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 use hyper::http::{self, HeaderMap, Method, StatusCode};
+use rustls::pki_types::ServerName;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use wasmtime::component::{Linker, Resource};
@@ -91,6 +93,10 @@ pub(super) fn cap_request_strings<T: WasiHttpView + 'static>(
 pub struct HttpPolicy {
     /// The origins requests may go to; a request must match one exactly (scheme, host and port).
     pub allow: Vec<Origin>,
+    /// Origins of `allow` whose names may resolve to loopback, private, link-local or other non-public
+    /// addresses ([`egress`]); any other name must resolve to a public one. An origin written as an IP
+    /// literal names its address and needs no entry here.
+    pub allow_private: Vec<Origin>,
     /// The connect, first-byte and between-bytes timeout, and the bound of one whole request.
     pub timeout: Duration,
     /// The largest response body the guest may receive, in bytes.
@@ -110,6 +116,7 @@ impl Default for HttpPolicy {
     fn default() -> Self {
         HttpPolicy {
             allow: Vec::new(),
+            allow_private: Vec::new(),
             timeout: Duration::from_secs(10),
             max_response_bytes: 1 << 20,
         }
@@ -133,6 +140,23 @@ impl HttpPolicy {
         self.allow
             .iter()
             .any(|o| o.scheme == scheme && o.port == port && o.host == host)
+    }
+
+    /// Which addresses a request to an allowed `scheme://host:port` may connect to: any, for an IP
+    /// literal or an origin of [`HttpPolicy::allow_private`]; public ones otherwise.
+    pub fn reach(&self, scheme: Scheme, host: &str, port: u16) -> Reach {
+        let Ok(host) = normalize_host(host) else {
+            return Reach::Public;
+        };
+        let private = self
+            .allow_private
+            .iter()
+            .any(|o| o.scheme == scheme && o.port == port && o.host == host);
+        if private || egress::literal(&host).is_some() {
+            Reach::Any
+        } else {
+            Reach::Public
+        }
     }
 }
 
@@ -326,8 +350,8 @@ impl PolicyHooks {
         }
     }
 
-    /// Why `request` may not go out, if it may not.
-    fn check(&self, request: &http::Request<WasiBody>) -> Result<(), Error> {
+    /// Where `request` goes, if it may go out: its scheme, host and port must be an allowed origin.
+    fn check(&self, request: &http::Request<WasiBody>) -> Result<Target, Error> {
         let uri = request.uri();
         let scheme = match uri.scheme_str() {
             Some("http") => Scheme::Http,
@@ -351,8 +375,22 @@ impl PolicyHooks {
             );
             return Err(Error::HttpRequestDenied);
         }
-        Ok(())
+        Ok(Target {
+            tls: scheme == Scheme::Https,
+            host: host.to_string(),
+            port,
+            reach: self.policy.reach(scheme, host, port),
+        })
     }
+}
+
+/// Where an allowed request connects.
+struct Target {
+    tls: bool,
+    /// As in the request's URI (an IPv6 literal in brackets).
+    host: String,
+    port: u16,
+    reach: Reach,
 }
 
 /// A place among [`MAX_OPEN_REQUESTS`], given back when dropped.
@@ -397,9 +435,10 @@ impl WasiHttpHooks for PolicyHooks {
         options: Option<RequestOptions>,
         _fut: IoFuture,
     ) -> SendFuture {
-        if let Err(error) = self.check(&request) {
-            return Box::new(async move { Err(error) });
-        }
+        let target = match self.check(&request) {
+            Ok(target) => target,
+            Err(error) => return Box::new(async move { Err(error) }),
+        };
         let Some(slot) = Slot::take(&self.open) else {
             tracing::warn!(
                 session = self.session,
@@ -409,34 +448,29 @@ impl WasiHttpHooks for PolicyHooks {
             return Box::new(async { Err(Error::ConnectionLimitReached) });
         };
         let policy = self.policy.clone();
-        Box::new(send(request, options, policy, slot))
+        let session = self.session.clone();
+        Box::new(send(request, options, policy, target, session, slot))
     }
-}
-
-/// The smaller of the guest's timeout, if any, and the policy's.
-fn bounded(guest: Option<Duration>, policy: Duration) -> Option<Duration> {
-    Some(guest.map_or(policy, |guest| guest.min(policy)))
 }
 
 async fn send(
     request: http::Request<WasiBody>,
     options: Option<RequestOptions>,
     policy: Arc<HttpPolicy>,
+    target: Target,
+    session: String,
     slot: Slot,
 ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
-    let options = options.unwrap_or_default();
-    let options = RequestOptions {
-        connect_timeout: bounded(options.connect_timeout, policy.timeout),
-        first_byte_timeout: bounded(options.first_byte_timeout, policy.timeout),
-        between_bytes_timeout: bounded(options.between_bytes_timeout, policy.timeout),
-    };
+    let guest = options.unwrap_or_default();
+    let connect = bounded(guest.connect_timeout, policy.timeout);
+    let first_byte = bounded(guest.first_byte_timeout, policy.timeout);
+    let between_bytes = bounded(guest.between_bytes_timeout, policy.timeout);
     let cap = policy.max_response_bytes;
     let head = request.method() == Method::HEAD;
     let exchange = async move {
-        let (response, io) =
-            wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
-        // The connection's I/O, driven while the body is read (and after, until the guest drops it).
-        let io = wasmtime_wasi::runtime::spawn(io);
+        let stream =
+            egress::connect(&target.host, target.port, target.reach, connect, &session).await?;
+        let (response, io) = exchange(request, stream, &target, connect, first_byte).await?;
         let bodiless = head
             || response.status().is_informational()
             || response.status() == StatusCode::NO_CONTENT
@@ -449,20 +483,93 @@ async fn send(
             }
         }
         let (parts, body) = response.into_parts();
-        let (data, trailers) = read_body(body, cap).await?;
+        let (data, trailers) = read_body(body, cap, between_bytes).await?;
         let body = Buffered {
             data: Some(data),
             trailers,
             _slot: slot,
         };
-        // The task ends with the connection; it is aborted if the guest drops the body first.
-        let io: IoFuture = Box::new(io);
         Ok((http::Response::from_parts(parts, body.boxed_unsync()), io))
     };
     match tokio::time::timeout(policy.timeout, exchange).await {
         Ok(result) => result,
         Err(_) => Err(Error::HttpResponseTimeout),
     }
+}
+
+/// The smaller of the guest's timeout, if any, and the policy's.
+fn bounded(guest: Option<Duration>, policy: Duration) -> Duration {
+    guest.map_or(policy, |guest| guest.min(policy))
+}
+
+/// Sends `request` over `stream` (in TLS for `https`, verified against the web's root certificates) and
+/// waits for the response's head. The connection's I/O goes on in a task of its own, which the returned
+/// future reports on; it ends with the connection and is aborted if the guest drops the response first.
+async fn exchange(
+    mut request: http::Request<WasiBody>,
+    stream: tokio::net::TcpStream,
+    target: &Target,
+    connect: Duration,
+    first_byte: Duration,
+) -> Result<(http::Response<hyper::body::Incoming>, IoFuture), Error> {
+    let stream: Box<dyn Stream> = if target.tls {
+        let name = match egress::literal(&target.host) {
+            Some(ip) => ServerName::from(ip),
+            None => {
+                ServerName::try_from(target.host.clone()).map_err(Error::InvalidDnsNameError)?
+            }
+        };
+        let tls = tokio::time::timeout(connect, tls_connector().connect(name, stream))
+            .await
+            .map_err(|_| Error::ConnectionTimeout)?
+            .map_err(Error::Tls)?;
+        Box::new(tls)
+    } else {
+        Box::new(stream)
+    };
+    let (mut sender, connection) = tokio::time::timeout(
+        connect,
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)),
+    )
+    .await
+    .map_err(|_| Error::ConnectionTimeout)??;
+    let io = wasmtime_wasi::runtime::spawn(async move { connection.await.map_err(Error::from) });
+    // The request line carries the path only: the scheme and authority went into the connection (and
+    // the `Host` header, which wasmtime-wasi-http sets).
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .parse()
+        .map_err(|_| Error::HttpRequestUriInvalid)?;
+    *request.uri_mut() = path;
+    let response = tokio::time::timeout(first_byte, sender.send_request(request))
+        .await
+        .map_err(|_| Error::ConnectionReadTimeout)??;
+    Ok((response, Box::new(io)))
+}
+
+/// What a request is sent over: a TCP stream, or TLS over one.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+/// The TLS client of every `https` request: the web's root certificates (webpki-roots), ring's
+/// cryptography, TLS 1.2 and 1.3.
+fn tls_connector() -> &'static tokio_rustls::TlsConnector {
+    static CONNECTOR: LazyLock<tokio_rustls::TlsConnector> = LazyLock::new(|| {
+        let roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.into(),
+        };
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring's provider supports TLS 1.2 and 1.3")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+    });
+    &CONNECTOR
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -474,15 +581,22 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// The whole body and its trailers; past `cap` bytes, `HttpResponseBodySize`.
-async fn read_body<B>(mut body: B, cap: u64) -> Result<(Bytes, Option<HeaderMap>), Error>
-where
-    B: Body<Data = Bytes, Error = Error> + Unpin,
-{
+/// The whole body and its trailers; past `cap` bytes, `HttpResponseBodySize`; no frame for `between`,
+/// `ConnectionReadTimeout`.
+async fn read_body(
+    mut body: hyper::body::Incoming,
+    cap: u64,
+    between: Duration,
+) -> Result<(Bytes, Option<HeaderMap>), Error> {
     let mut data = Vec::new();
     let mut trailers = None;
-    while let Some(frame) = body.frame().await {
-        match frame?.into_data() {
+    loop {
+        let frame = match tokio::time::timeout(between, body.frame()).await {
+            Err(_) => return Err(Error::ConnectionReadTimeout),
+            Ok(None) => break,
+            Ok(Some(frame)) => frame?,
+        };
+        match frame.into_data() {
             Ok(chunk) => {
                 let total = data.len() as u64 + chunk.len() as u64;
                 if total > cap {

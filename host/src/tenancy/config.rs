@@ -344,6 +344,11 @@ pub struct HttpConfig {
     /// Origins: `https://api.example.com`, `http://127.0.0.1:8089`.
     #[serde(default)]
     pub allow: Vec<String>,
+    /// Origins of `allow` whose host names may resolve to loopback, private, link-local or other
+    /// non-public addresses (a name's addresses must otherwise all be public; an IP literal in `allow`
+    /// needs no entry here).
+    #[serde(default)]
+    pub allow_private: Vec<String>,
     /// The connect, first-byte and between-bytes timeout and the bound of a whole request, in ms (10 s when
     /// left out).
     pub timeout_ms: Option<u64>,
@@ -464,11 +469,16 @@ impl TenantConfig {
 impl HttpConfig {
     /// The policy these settings make, each checked against its maximum.
     fn policy(&self) -> anyhow::Result<HttpPolicy> {
-        let mut allow = Vec::new();
-        for origin in &self.allow {
-            allow.push(
-                Origin::parse(origin).map_err(|e| anyhow::anyhow!("http.allow {origin:?}: {e}"))?,
-            );
+        let origins = |key: &str, texts: &[String]| -> anyhow::Result<Vec<Origin>> {
+            texts
+                .iter()
+                .map(|o| Origin::parse(o).map_err(|e| anyhow::anyhow!("http.{key} {o:?}: {e}")))
+                .collect()
+        };
+        let allow = origins("allow", &self.allow)?;
+        let allow_private = origins("allow_private", &self.allow_private)?;
+        if let Some(stray) = allow_private.iter().find(|o| !allow.contains(o)) {
+            anyhow::bail!("http.allow_private {stray}: list it in http.allow too");
         }
         let default = HttpPolicy::default();
         let timeout = match self.timeout_ms {
@@ -495,6 +505,7 @@ impl HttpConfig {
         };
         Ok(HttpPolicy {
             allow,
+            allow_private,
             timeout,
             max_response_bytes,
         })
@@ -745,6 +756,7 @@ mod tests {
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.http]\nallow = [\"ftp://x\"]", token_sha256("t")), "http.allow"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.limits]\nmemory_mib = 4096", token_sha256("t")), "memory_mib = 4096 is over its maximum"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.http]\ntimeout_ms = 0", token_sha256("t")), "http.timeout_ms = 0: use 1 to 600000"),
+            (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.http]\nallow = [\"https://a.example\"]\nallow_private = [\"http://db.internal:8080\"]", token_sha256("t")), "http.allow_private http://db.internal:8080: list it in http.allow too"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SECRET\"\n[tenants.http]\nmax_response_kib = 18014398509481984", token_sha256("t")), "http.max_response_kib = 18014398509481984: use 1 to 65536"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SPACE\"", token_sha256("t")), "not printable ASCII"),
             (&format!("id = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_file = \"/dev/zero\"", token_sha256("t")), "longer than a key"),

@@ -179,6 +179,47 @@ async fn a_request_to_an_origin_off_the_allowlist_is_denied_before_it_leaves_the
     .await;
 }
 
+/// The model's `path` by the name `localhost`, and that name's origin.
+fn by_name(model: &Model, path: &str) -> (String, Origin) {
+    let origin = format!("http://localhost:{}", model.addr.port());
+    (format!("{origin}{path}"), Origin::parse(&origin).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_name_that_resolves_to_loopback_is_refused_after_the_lookup() {
+    let model = Model::start().await;
+    let (url, origin) = by_name(&model, "/reply");
+    let host = Host::start("llm", rules(HttpPolicy::allowing([origin]))).await;
+    let mut call = call_with_model(&host, &url).await;
+
+    call.say("hello");
+    call.expect_say("sorry, I cannot reach my brain (DestinationIpProhibited)")
+        .await
+        .unwrap();
+    assert_eq!(model.requests(), 0, "the server saw a request");
+    host.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_allowed_private_addresses_reaches_loopback() {
+    let model = Model::start().await;
+    let (url, origin) = by_name(&model, "/reply");
+    let host = Host::start(
+        "llm",
+        rules(HttpPolicy {
+            allow_private: vec![origin.clone()],
+            ..HttpPolicy::allowing([origin])
+        }),
+    )
+    .await;
+    let mut call = call_with_model(&host, &url).await;
+
+    call.say("hello");
+    call.expect_say("you said: hello").await.unwrap();
+    assert_eq!(model.requests(), 1);
+    host.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_the_default_policy_wasi_http_is_not_linked_and_its_first_use_traps() {
     let model = Model::start().await;
