@@ -50,8 +50,14 @@ impl Hosted {
         let api = tokio::spawn({
             let tenancy = tenancy.clone();
             async move {
-                voicehost::api::serve(listener, tenancy, &config.admin, std::future::pending())
-                    .await
+                voicehost::api::serve(
+                    listener,
+                    tenancy,
+                    &config.admin,
+                    None,
+                    std::future::pending(),
+                )
+                .await
             }
         });
         tenancy.start().await;
@@ -63,7 +69,12 @@ impl Hosted {
     }
 
     fn client(&self, token: &str) -> Result<Client> {
-        Client::new(&self.admin, token.to_string(), Duration::from_secs(60))
+        Client::new(
+            &self.admin,
+            token.to_string(),
+            Duration::from_secs(60),
+            None,
+        )
     }
 
     async fn stop(self) {

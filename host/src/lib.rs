@@ -26,6 +26,7 @@ pub mod protocol;
 pub mod sandbox;
 pub mod stats;
 pub mod tenancy;
+pub mod tls;
 
 #[cfg(test)]
 mod layering {

@@ -19,6 +19,7 @@ use voicehost::sandbox::{Limits, Sandbox};
 use voicehost::stats::Stats;
 use voicehost::tenancy::ServeConfig;
 use voicehost::tenancy::Tenancy;
+use voicehost::tls::ServerCert;
 
 #[derive(Parser)]
 #[command(
@@ -213,16 +214,30 @@ async fn serve(path: &std::path::Path) -> Result<()> {
     // Uploads compile in children of this very binary (the running one, even after a package upgrade
     // replaced the file), under `[compile]`'s bounds.
     let tenancy = Tenancy::open(&config, Some(PathBuf::from("/proc/self/exe")))?;
+    let tls = match config.admin.tls() {
+        Some(files) => Some(ServerCert::load(files).context("the admin API's certificate")?),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(config.admin.listen)
         .await
         .with_context(|| format!("the admin API cannot listen on {}", config.admin.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, "admin API listening");
+    match &tls {
+        Some(cert) => tracing::info!(
+            addr = %listener.local_addr()?,
+            cert = %cert.files().cert.display(),
+            "admin API listening: HTTPS (the certificate is read again on SIGHUP)"
+        ),
+        None => tracing::info!(
+            addr = %listener.local_addr()?,
+            "admin API listening: plain HTTP, on loopback only"
+        ),
+    }
     let (stop, stopped) = watch::channel(false);
     let api = tokio::spawn({
         let mut stopped = stopped.clone();
-        let (tenancy, admin) = (tenancy.clone(), config.admin.clone());
+        let (tenancy, admin, tls) = (tenancy.clone(), config.admin.clone(), tls.clone());
         async move {
-            api::serve(listener, tenancy, &admin, async move {
+            api::serve(listener, tenancy, &admin, tls, async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             })
             .await
@@ -230,7 +245,7 @@ async fn serve(path: &std::path::Path) -> Result<()> {
     });
     // The admin API answers `/healthz` with 503 until every active agent is loaded.
     tenancy.start().await;
-    serve_until_stopped(&tenancy, path).await;
+    serve_until_stopped(&tenancy, tls.as_deref(), path).await;
     tracing::info!(
         grace_s = SHUTDOWN_GRACE.as_secs(),
         "stopping: closing every connection with 1000 (a second SIGINT or SIGTERM exits at once)"
@@ -277,9 +292,13 @@ fn raise_descriptor_limit() {
 /// requests to finish, before it exits anyway (with 0: stopping was asked for).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Waits for SIGINT or SIGTERM; on SIGHUP, reloads the config (a config that does not load is logged and
-/// changes nothing).
-async fn serve_until_stopped(tenancy: &Arc<Tenancy>, path: &std::path::Path) {
+/// Waits for SIGINT or SIGTERM; on SIGHUP, reloads the config and the admin API's certificate (a config or
+/// certificate that does not load is logged and changes nothing of its own).
+async fn serve_until_stopped(
+    tenancy: &Arc<Tenancy>,
+    tls: Option<&ServerCert>,
+    path: &std::path::Path,
+) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -290,12 +309,22 @@ async fn serve_until_stopped(tenancy: &Arc<Tenancy>, path: &std::path::Path) {
                 tokio::select! {
                     _ = &mut stop => return,
                     _ = hangups.recv() => {
-                        let reloaded = match ServeConfig::read(path) {
-                            Ok(config) => tenancy.reload(&config).await,
-                            Err(error) => Err(error),
+                        let config = match ServeConfig::read(path) {
+                            Ok(config) => config,
+                            Err(error) => {
+                                tracing::error!(error = %format!("{error:#}"), "the config was not reloaded: nothing changed");
+                                continue;
+                            }
                         };
-                        if let Err(error) = reloaded {
+                        if let Err(error) = tenancy.reload(&config).await {
                             tracing::error!(error = %format!("{error:#}"), "the config was not reloaded: nothing changed");
+                        }
+                        match tls {
+                            Some(cert) => reload_certificate(cert, config.admin.tls()),
+                            None if config.admin.tls().is_some() => tracing::warn!(
+                                "the config now gives admin.tls_cert and tls_key: the admin API serves TLS from the next restart"
+                            ),
+                            None => {}
                         }
                     }
                 }
@@ -303,6 +332,23 @@ async fn serve_until_stopped(tenancy: &Arc<Tenancy>, path: &std::path::Path) {
         }
     }
     shutdown_signal().await;
+}
+
+/// Serves the certificate in `files` from the next handshake on; logs why not if it cannot. TLS cannot be
+/// turned off, nor on, without a restart.
+fn reload_certificate(cert: &ServerCert, files: Option<voicehost::tls::CertFiles>) {
+    let Some(files) = files else {
+        tracing::error!("the config no longer gives admin.tls_cert and tls_key: the admin API stays in TLS with its certificate until a restart");
+        return;
+    };
+    match cert.reload(files) {
+        Ok(()) => {
+            tracing::info!(cert = %cert.files().cert.display(), "the admin API's certificate is reloaded")
+        }
+        Err(error) => {
+            tracing::error!(error = %format!("{error:#}"), "the admin API's certificate was not reloaded: it serves the one it had")
+        }
+    }
 }
 
 async fn shutdown_signal() {

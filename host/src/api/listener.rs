@@ -2,10 +2,12 @@
 //! address (an IPv6 client by its /64; one more is closed at once, so the admin side runs out before the
 //! calls' descriptors do), a deadline for a request's head (a client that sends half a request line, or
 //! sits idle between requests, is closed), a most a connection may live (a client that stops reading
-//! its answers cannot hold its place for ever), and a graceful stop. Built from hyper's HTTP/1 server and hyper-util's glue; the
-//! router is axum's.
+//! its answers cannot hold its place for ever), TLS when the config gives a certificate (its handshake
+//! under the head deadline too), and a graceful stop. Built from hyper's HTTP/1 server, hyper-util's glue
+//! and tokio-rustls; the router is axum's.
 
 use crate::tenancy::AdminConfig;
+use crate::tls::ServerCert;
 use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -46,15 +48,17 @@ impl From<&AdminConfig> for ListenerLimits {
     }
 }
 
-/// Serves `router` on `listener` under `limits` until `stop` resolves, then lets the requests in progress
-/// finish (the caller bounds how long it waits).
+/// Serves `router` on `listener` under `limits`, in TLS with `tls`'s certificate when given, until `stop`
+/// resolves, then lets the requests in progress finish (the caller bounds how long it waits).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ListenerLimits,
+    tls: Option<Arc<ServerCert>>,
     refused: impl Fn() + Send + Sync + 'static,
     stop: impl Future<Output = ()>,
 ) {
+    let tls = tls.map(|cert| cert.acceptor());
     let open = Arc::new(Semaphore::new(limits.connections));
     let clients = Arc::new(Clients::default());
     let graceful = GracefulShutdown::new();
@@ -86,13 +90,37 @@ pub async fn serve(
             continue;
         };
         let service = router.clone().layer(axum::Extension(ConnectInfo(peer)));
-        let connection =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
-        let connection = graceful.watch(connection);
-        let max_age = limits.max_age;
+        let service = TowerToHyperService::new(service);
+        let (http, watcher, tls) = (http.clone(), graceful.watcher(), tls.clone());
+        let (head_timeout, max_age) = (limits.head_timeout, limits.max_age);
         tokio::spawn(async move {
             let _held = (slot, client);
-            match tokio::time::timeout(max_age, connection).await {
+            let served = async {
+                match tls {
+                    None => {
+                        let connection = http.serve_connection(TokioIo::new(stream), service);
+                        watcher.watch(connection).await
+                    }
+                    Some(tls) => {
+                        // A client that opens TLS and stalls is closed like one that stalls in a head.
+                        let stream =
+                            match tokio::time::timeout(head_timeout, tls.accept(stream)).await {
+                                Ok(Ok(stream)) => stream,
+                                Ok(Err(error)) => {
+                                    tracing::debug!(%peer, %error, "admin TLS handshake failed");
+                                    return Ok(());
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%peer, "admin TLS handshake timed out");
+                                    return Ok(());
+                                }
+                            };
+                        let connection = http.serve_connection(TokioIo::new(stream), service);
+                        watcher.watch(connection).await
+                    }
+                }
+            };
+            match tokio::time::timeout(max_age, served).await {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => tracing::debug!(%peer, %error, "admin connection ended"),
                 Err(_) => tracing::debug!(%peer, "admin connection closed: open too long"),

@@ -60,12 +60,13 @@ pub fn router(tenancy: Arc<Tenancy>) -> Router {
         .with_state(tenancy)
 }
 
-/// Serves the admin API of `tenancy` on `listener` under the config's `[admin]` limits until `stop`
-/// resolves, then lets the requests in progress finish.
+/// Serves the admin API of `tenancy` on `listener` under the config's `[admin]` limits, in TLS with
+/// `tls`'s certificate when given, until `stop` resolves, then lets the requests in progress finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tenancy: Arc<Tenancy>,
     admin: &crate::tenancy::AdminConfig,
+    tls: Option<Arc<crate::tls::ServerCert>>,
     stop: impl std::future::Future<Output = ()>,
 ) {
     let refused = tenancy.admin_refused.clone();
@@ -73,6 +74,7 @@ pub async fn serve(
         listener,
         router(tenancy),
         admin.into(),
+        tls,
         move || {
             refused.inc();
         },

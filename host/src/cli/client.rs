@@ -2,9 +2,11 @@
 
 use super::*;
 
-/// The admin API's address: `http://HOST[:PORT][/PREFIX]`.
+/// The admin API's address: `http[s]://HOST[:PORT][/PREFIX]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct AdminUrl {
+    /// `https://`: the connection is TLS, its certificate checked against the host name.
+    pub(super) tls: bool,
     /// What to connect to (an IPv6 address without its brackets).
     pub(super) host: String,
     pub(super) port: u16,
@@ -20,17 +22,16 @@ impl AdminUrl {
         let uri: Uri = text
             .parse()
             .map_err(|_| anyhow!("the admin URL {text:?} is not a URL like {DEFAULT_ADMIN}"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => bail!(
-                "the admin URL {text} is https://, but voicehost speaks plain HTTP to its admin API: \
-                 for a remote host, use an SSH tunnel (ssh -L 7070:127.0.0.1:7070 HOST, then --admin \
-                 http://127.0.0.1:7070) or a TLS-terminating proxy on the same machine as \
-                 `voicehost serve`, and give its http:// address"
-            ),
-            Some(other) => bail!("the admin URL must start with http://, not {other}://"),
-            None => bail!("the admin URL {text:?} needs http://, as in {DEFAULT_ADMIN}"),
-        }
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            Some(other) => {
+                bail!("the admin URL must start with http:// or https://, not {other}://")
+            }
+            None => {
+                bail!("the admin URL {text:?} needs http:// or https://, as in {DEFAULT_ADMIN}")
+            }
+        };
         let authority = uri
             .authority()
             .context("the admin URL has no host")?
@@ -47,11 +48,12 @@ impl AdminUrl {
         }
         let host = uri.host().context("the admin URL has no host")?;
         Ok(AdminUrl {
+            tls,
             host: host
                 .trim_start_matches('[')
                 .trim_end_matches(']')
                 .to_string(),
-            port: uri.port_u16().unwrap_or(80),
+            port: uri.port_u16().unwrap_or(if tls { 443 } else { 80 }),
             authority: authority.to_string(),
             prefix: uri.path().trim_end_matches('/').to_string(),
         })
@@ -64,7 +66,8 @@ impl AdminUrl {
 
     /// The full URL of an API path, for messages.
     pub(super) fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.authority, self.target(path))
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}{}", self.authority, self.target(path))
     }
 }
 
@@ -122,15 +125,29 @@ pub struct Client {
     pub(super) token: String,
     /// For the whole request: connecting, sending, the host's work, the answer.
     pub(super) timeout: Duration,
+    /// For an `https://` API: the TLS client, trusting the web's roots and the `--ca-file`.
+    pub(super) tls: Option<tokio_rustls::TlsConnector>,
 }
 
 impl Client {
-    /// A client of the admin API at `admin` (`http://host:port`), as the tenant whose token this is.
-    pub fn new(admin: &str, token: String, timeout: Duration) -> Result<Client> {
+    /// A client of the admin API at `admin` (`http[s]://host:port`), as the tenant whose token this is;
+    /// an `https://` API's certificate must chain to the web's roots or to a certificate in `ca_file`.
+    pub fn new(
+        admin: &str,
+        token: String,
+        timeout: Duration,
+        ca_file: Option<&Path>,
+    ) -> Result<Client> {
+        let admin = AdminUrl::parse(admin)?;
+        let tls = match admin.tls {
+            true => Some(crate::tls::client(ca_file).context("--ca-file")?),
+            false => None,
+        };
         Ok(Client {
-            admin: AdminUrl::parse(admin)?,
+            admin,
             token,
             timeout,
+            tls,
         })
     }
 
@@ -217,15 +234,27 @@ impl Client {
                 CONNECT_TIMEOUT.as_secs()
             ),
         };
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .with_context(|| format!("cannot speak HTTP/1.1 with {url}"))?;
-        // Drives the connection; it ends once the answer is read and `sender` is gone.
-        tokio::spawn(connection);
-        let answer = sender
-            .send_request(request)
-            .await
-            .with_context(|| format!("the request to {url} failed"))?;
+        let answer = match &self.tls {
+            None => self.over(stream, request, url).await?,
+            Some(tls) => {
+                let name = rustls::pki_types::ServerName::try_from(self.admin.host.clone())
+                    .with_context(|| format!("{url}: not a host name TLS can check"))?;
+                let stream = tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(name, stream))
+                    .await
+                    .map_err(|_| {
+                        anyhow!(
+                            "cannot connect to {url}: no TLS handshake within {} s",
+                            CONNECT_TIMEOUT.as_secs()
+                        )
+                    })?
+                    .with_context(|| {
+                        format!(
+                            "cannot open TLS with {url} (--ca-file names a certificate to trust)"
+                        )
+                    })?;
+                self.over(stream, request, url).await?
+            }
+        };
         let status = answer.status();
         let body = Limited::new(answer.into_body(), MAX_ANSWER_BYTES)
             .collect()
@@ -233,6 +262,27 @@ impl Client {
             .map_err(|error| anyhow!("cannot read the answer from {url}: {error}"))?
             .to_bytes();
         interpret(status, &body, url)
+    }
+
+    /// Sends `request` over `stream` and waits for the answer's head.
+    async fn over<S>(
+        &self,
+        stream: S,
+        request: Request<Full<Bytes>>,
+        url: &str,
+    ) -> Result<hyper::Response<hyper::body::Incoming>>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .with_context(|| format!("cannot speak HTTP/1.1 with {url}"))?;
+        // Drives the connection; it ends once the answer is read and `sender` is gone.
+        tokio::spawn(connection);
+        sender
+            .send_request(request)
+            .await
+            .with_context(|| format!("the request to {url} failed"))
     }
 }
 
@@ -288,6 +338,7 @@ mod tests {
         assert_eq!(
             url,
             AdminUrl {
+                tls: false,
                 host: "127.0.0.1".into(),
                 port: 7070,
                 authority: "127.0.0.1:7070".into(),
@@ -309,13 +360,10 @@ mod tests {
         assert_eq!((url.host.as_str(), url.port), ("::1", 7070));
         assert_eq!(url.authority, "[::1]:7070");
 
-        let error = AdminUrl::parse("https://admin.example.com")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            error.contains("SSH tunnel") && error.contains("TLS-terminating proxy"),
-            "{error}"
-        );
+        let url = AdminUrl::parse("https://admin.example.com").unwrap();
+        assert!(url.tls);
+        assert_eq!((url.host.as_str(), url.port), ("admin.example.com", 443));
+        assert_eq!(url.url("/healthz"), "https://admin.example.com/healthz");
         assert!(AdminUrl::parse("ftp://host").is_err());
         assert!(AdminUrl::parse("127.0.0.1:7070").is_err());
         assert!(AdminUrl::parse("http://host:7070/?x=1").is_err());

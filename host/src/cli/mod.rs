@@ -32,13 +32,17 @@ pub(super) const MAX_ANSWER_BYTES: usize = 16 << 20;
 /// VOICEHOST_TOKEN environment variable, never from a flag (flags show in `ps`).
 #[derive(clap::Args)]
 pub struct AgentsArgs {
-    /// The admin API of `voicehost serve`; plain http:// (for a remote host, use an SSH tunnel or a
-    /// TLS-terminating proxy on the host's machine).
+    /// The admin API of `voicehost serve`: http:// on its own machine, https:// when it serves TLS
+    /// (`[admin] tls_cert`).
     #[arg(long, global = true, value_name = "URL", env = "VOICEHOST_ADMIN", default_value = DEFAULT_ADMIN)]
     admin: String,
     /// A file holding the tenant's admin token (instead of the VOICEHOST_TOKEN environment variable).
     #[arg(long, global = true, value_name = "PATH")]
     token_file: Option<PathBuf>,
+    /// For an https:// admin API: PEM certificates to trust besides the web's roots (a private CA, or
+    /// the host's self-signed certificate).
+    #[arg(long, global = true, value_name = "PATH", env = "VOICEHOST_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -126,6 +130,7 @@ pub async fn run(args: AgentsArgs) -> Result<()> {
         &args.admin,
         read_token(args.token_file.as_deref())?,
         Duration::from_secs(args.timeout),
+        args.ca_file.as_deref(),
     )?;
     let output = execute(&client, args.command, args.json).await?;
     print!("{output}");
@@ -558,6 +563,7 @@ mod tests {
             admin: AdminUrl::parse(admin).unwrap(),
             token: "vh_test".into(),
             timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 

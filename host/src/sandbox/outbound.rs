@@ -553,21 +553,10 @@ async fn exchange(
 trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Stream for T {}
 
-/// The TLS client of every `https` request: the web's root certificates (webpki-roots), ring's
-/// cryptography, TLS 1.2 and 1.3.
+/// The TLS client of every `https` request: the web's root certificates (webpki-roots).
 fn tls_connector() -> &'static tokio_rustls::TlsConnector {
     static CONNECTOR: LazyLock<tokio_rustls::TlsConnector> = LazyLock::new(|| {
-        let roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.into(),
-        };
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("ring's provider supports TLS 1.2 and 1.3")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        tokio_rustls::TlsConnector::from(Arc::new(config))
+        crate::tls::client(None).expect("the web's root certificates need no file")
     });
     &CONNECTOR
 }

@@ -99,9 +99,15 @@ fn within(table: &str, settings: &[(&str, u64, u64, u64)]) -> anyhow::Result<()>
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
-    /// The admin API's listener. Loopback by default: put a TLS proxy in front to expose it.
+    /// The admin API's listener: loopback by default. Plain HTTP is served on loopback only; any other
+    /// address needs `tls_cert` and `tls_key`.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// The admin API's certificate chain (PEM, the server's own first); with `tls_key`, the API is
+    /// served in TLS. Both are read again on SIGHUP. Relative to the config file's directory.
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub tls_key: Option<PathBuf>,
     /// The SHA-256 (hex) of the operator's token for `/metrics`. When set, `/metrics` needs it (it names
     /// every tenant's agents); when not, `/metrics` is open to whoever reaches the listener.
     pub metrics_token_sha256: Option<String>,
@@ -147,7 +153,29 @@ fn default_requests_per_second() -> u32 {
 }
 
 impl AdminConfig {
+    /// The admin API's certificate and key, when it is served in TLS.
+    pub fn tls(&self) -> Option<crate::tls::CertFiles> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::tls::CertFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => None,
+        }
+    }
+
     fn check(&self) -> anyhow::Result<()> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => anyhow::bail!("admin.tls_cert is set: set admin.tls_key too"),
+            (None, Some(_)) => anyhow::bail!("admin.tls_key is set: set admin.tls_cert too"),
+            (None, None) if !self.listen.ip().is_loopback() => anyhow::bail!(
+                "admin.listen = {}: plain HTTP is served on loopback only (the admin tokens would \
+                 cross the network in clear); set admin.tls_cert and admin.tls_key, or listen on \
+                 127.0.0.1 behind a TLS proxy",
+                self.listen
+            ),
+            _ => {}
+        }
         within(
             "admin",
             &[
@@ -213,6 +241,8 @@ impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             listen: default_listen(),
+            tls_cert: None,
+            tls_key: None,
             metrics_token_sha256: None,
             upload_timeout_seconds: default_upload_timeout_seconds(),
             uploads_per_tenant: default_uploads_per_tenant(),
@@ -534,17 +564,29 @@ pub fn valid_id(id: &str) -> bool {
 }
 
 impl ServeConfig {
-    /// Reads and parses the file at `path` (a relative `data_dir` is taken from the file's directory); the
+    /// Reads and parses the file at `path` (a relative `data_dir`, `tls_cert` or `tls_key` is taken from
+    /// the file's directory); the
     /// tenants are checked later, by [`ServeConfig::tenants()`].
     pub fn read(path: &Path) -> anyhow::Result<ServeConfig> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
         let mut config = ServeConfig::parse(&text)
             .map_err(|e| anyhow::anyhow!("{} is not a valid config: {e:#}", path.display()))?;
-        // A relative data directory is relative to the config file, not to wherever the host was started.
-        if config.data_dir.is_relative() {
-            if let Some(dir) = path.parent() {
-                config.data_dir = dir.join(&config.data_dir);
+        // A relative data directory or certificate is relative to the config file, not to wherever the
+        // host was started.
+        if let Some(dir) = path.parent() {
+            let admin = &mut config.admin;
+            for relative in [
+                Some(&mut config.data_dir),
+                admin.tls_cert.as_mut(),
+                admin.tls_key.as_mut(),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                if relative.is_relative() {
+                    *relative = dir.join(&*relative);
+                }
             }
         }
         Ok(config)
@@ -797,6 +839,22 @@ mod tests {
                 "data_dir = \"d\"\n[admin]\nmetrics_token_sha256 = \"xyz\"",
                 "must be 64 hex digits",
             ),
+            (
+                "data_dir = \"d\"\n[admin]\nlisten = \"0.0.0.0:7070\"",
+                "admin.listen = 0.0.0.0:7070: plain HTTP is served on loopback only",
+            ),
+            (
+                "data_dir = \"d\"\n[admin]\nlisten = \"[::]:7070\"",
+                "plain HTTP is served on loopback only",
+            ),
+            (
+                "data_dir = \"d\"\n[admin]\ntls_cert = \"c.pem\"",
+                "admin.tls_cert is set: set admin.tls_key too",
+            ),
+            (
+                "data_dir = \"d\"\n[admin]\ntls_key = \"k.pem\"",
+                "admin.tls_key is set: set admin.tls_cert too",
+            ),
         ] {
             let error = format!("{:#}", ServeConfig::parse(text).unwrap_err());
             assert!(error.contains(expected), "{text}: {error}");
@@ -805,5 +863,9 @@ mod tests {
             "data_dir = \"d\"\nconnections = 16\nsent_url = \"ws://127.0.0.1:9/x\"",
         );
         assert_eq!(fine.unwrap().connections, 16);
+        let tls = ServeConfig::parse(
+            "data_dir = \"d\"\n[admin]\nlisten = \"0.0.0.0:7070\"\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"",
+        );
+        assert!(tls.unwrap().admin.tls().is_some());
     }
 }

@@ -1,6 +1,7 @@
 //! voicehost's integration tests, in one binary (one link of wasmtime instead of one per file); what they
 //! share is the `voicehost-testkit` crate (tests/testkit).
 
+mod admin_tls;
 mod cache;
 mod chaos;
 mod compiling;

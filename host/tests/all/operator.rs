@@ -80,7 +80,7 @@ impl Served {
         }
     }
 
-    fn signal(&self, name: &str) {
+    pub(crate) fn signal(&self, name: &str) {
         let sent = Command::new("kill")
             .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
@@ -88,8 +88,17 @@ impl Served {
         assert!(sent.success(), "kill -{name}");
     }
 
+    /// Waits until the host has logged `text` (at most 20 s).
+    pub(crate) fn wait_for_log(&self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.log.lock().unwrap().contains(text) {
+            assert!(Instant::now() < deadline, "the host never logged {text:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// SIGTERM, and the exit that follows (which must be 0).
-    fn stop(self) -> String {
+    pub(crate) fn stop(self) -> String {
         let (status, log) = self.stop_with(&["TERM"]);
         assert!(status.success(), "voicehost exited with {status}\n{log}");
         log

@@ -100,8 +100,14 @@ impl Hosting {
         let api = tokio::spawn({
             let tenancy = tenancy.clone();
             async move {
-                voicehost::api::serve(listener, tenancy, &parsed.admin, std::future::pending())
-                    .await
+                voicehost::api::serve(
+                    listener,
+                    tenancy,
+                    &parsed.admin,
+                    None,
+                    std::future::pending(),
+                )
+                .await
             }
         });
         tenancy.start().await;

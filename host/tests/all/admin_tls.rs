@@ -1,0 +1,106 @@
+//! The admin API in TLS, with the real `voicehost` binary: served with the config's certificate, spoken to
+//! by `voicehost agents` over `https://`, never in clear on the same port, and given a new certificate by
+//! SIGHUP (a broken one is refused and the old one kept).
+
+use crate::operator::{one_tenant, Served, BIN};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// Writes a new self-signed certificate for `localhost` and its key into `dir` (cert.pem, key.pem), and a
+/// copy of the certificate as `name` for clients to trust.
+fn new_certificate(dir: &Path, name: &str) {
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    std::fs::write(dir.join(name), made.cert.pem()).unwrap();
+    std::fs::write(dir.join("cert.pem"), made.cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), made.signing_key.serialize_pem()).unwrap();
+}
+
+/// `voicehost agents list --json` against `admin`, trusting `ca` if given.
+fn list(admin: &str, token: &str, ca: Option<&Path>) -> Output {
+    let mut command = Command::new(BIN);
+    command
+        .args(["agents", "list", "--json", "--timeout", "10"])
+        .env("VOICEHOST_ADMIN", admin)
+        .env("VOICEHOST_TOKEN", token)
+        .env_remove("VOICEHOST_CA_FILE");
+    if let Some(ca) = ca {
+        command.arg("--ca-file").arg(ca);
+    }
+    command.output().unwrap()
+}
+
+fn said(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_serves_tls_with_its_certificate_and_takes_a_new_one_on_sighup() {
+    let token = "vh_tls_test_token_0123456789";
+    let (dir, config) = one_tenant("admin-tls", token);
+    new_certificate(&dir, "first.pem");
+    // Relative to the config's directory; a short head deadline for the stalled client below.
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "listen = \"127.0.0.1:0\"\n",
+        "listen = \"127.0.0.1:0\"\ntls_cert = \"cert.pem\"\ntls_key = \"key.pem\"\nhead_timeout_seconds = 1\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    let served = Served::start(&config);
+    let address = served.admin.trim_start_matches("http://").to_string();
+    let port = address.rsplit(':').next().unwrap();
+    let https = format!("https://localhost:{port}");
+
+    // The CLI over TLS, trusting the host's certificate; without it, the web's roots refuse it.
+    let trusted = list(&https, token, Some(&dir.join("first.pem")));
+    assert!(trusted.status.success(), "{}", said(&trusted));
+    assert!(said(&trusted).contains("\"agents\""), "{}", said(&trusted));
+    let untrusted = list(&https, token, None);
+    assert!(!untrusted.status.success());
+    assert!(said(&untrusted).contains("TLS"), "{}", said(&untrusted));
+
+    // Plain HTTP on the same port gets no HTTP answer, and the token it sent goes nowhere.
+    let mut plain = tokio::net::TcpStream::connect(&address).await.unwrap();
+    plain
+        .write_all(
+            format!("GET /v1/agents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut answer)).await;
+    assert!(
+        !answer.starts_with(b"HTTP/"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // A client that opens a connection and never says hello is closed at the head deadline (1 s).
+    let mut stalled = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let started = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(10), stalled.read(&mut [0; 16])).await;
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    // A new certificate, then SIGHUP: the next connection gets it.
+    new_certificate(&dir, "second.pem");
+    served.signal("HUP");
+    served.wait_for_log("the admin API's certificate is reloaded");
+    let old = list(&https, token, Some(&dir.join("first.pem")));
+    assert!(!old.status.success(), "{}", said(&old));
+    let new = list(&https, token, Some(&dir.join("second.pem")));
+    assert!(new.status.success(), "{}", said(&new));
+
+    // A key that does not load is refused on SIGHUP, and the certificate served stays.
+    std::fs::write(dir.join("key.pem"), "not a key").unwrap();
+    served.signal("HUP");
+    served.wait_for_log("the admin API's certificate was not reloaded");
+    let kept = list(&https, token, Some(&dir.join("second.pem")));
+    assert!(kept.status.success(), "{}", said(&kept));
+
+    let log = served.stop();
+    assert!(log.contains("admin API listening: HTTPS"), "{log}");
+    assert!(!log.contains(token), "the log holds the admin token");
+    let _ = std::fs::remove_dir_all(&dir);
+}
