@@ -189,7 +189,8 @@ impl From<ServeError> for ApiError {
             ServeError::Load(LoadError::CoreModule) => ErrorCode::CoreModule,
             ServeError::Load(LoadError::Invalid(_)) => ErrorCode::InvalidComponent,
             ServeError::Load(LoadError::WrongWorld(_)) => ErrorCode::WrongWorld,
-            ServeError::OverLimits(_) | ServeError::Load(LoadError::TooCostly(_)) => {
+            ServeError::OverLimits(_)
+            | ServeError::Load(LoadError::TooCostly(_) | LoadError::OverInstanceLimits(_)) => {
                 ErrorCode::OverLimits
             }
             ServeError::Registry(RegistryError::NoAgent(_) | RegistryError::NoVersion { .. }) => {

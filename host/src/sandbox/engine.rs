@@ -136,8 +136,13 @@ impl Sandbox {
 
     /// Compiles `wasm` in this process, checks it against the world, and keeps it in the cache.
     fn compile_here(&self, wasm: &[u8], digest: &Digest) -> Result<AgentCode, LoadError> {
-        let component = Component::from_binary(&self.engine, wasm)
-            .map_err(|e| LoadError::Invalid(detail(e)))?;
+        let component = Component::from_binary(&self.engine, wasm).map_err(|e| {
+            let why = detail(e);
+            match over_instance_limits(&why) {
+                true => LoadError::OverInstanceLimits(why),
+                false => LoadError::Invalid(why),
+            }
+        })?;
         let code = self.checked(&component, false)?;
         if let Some(path) = self.cache_path(digest) {
             if let Err(error) = store_atomically(&path, &component) {
@@ -198,7 +203,14 @@ impl Sandbox {
             #[allow(unsafe_code)]
             let component = unsafe { Component::deserialize_file(&sandbox.engine, &output.0) }
                 .map_err(|e| {
-                    LoadError::Compiler(format!("the compiled form does not load: {e:#}"))
+                    // The child compiles without the pool; the pool's limits are checked here.
+                    let why = detail(e);
+                    match over_instance_limits(&why) {
+                        true => LoadError::OverInstanceLimits(why),
+                        false => {
+                            LoadError::Compiler(format!("the compiled form does not load: {why}"))
+                        }
+                    }
                 })?;
             let code = sandbox.checked(&component, false)?;
             if sandbox.cache.is_some() {
@@ -411,6 +423,13 @@ fn detail(error: wasmtime::Error) -> String {
     }
 }
 
+/// Whether wasmtime refused a component because its memories or tables do not fit the pool's slots
+/// (`limits::MAX_TABLE_ELEMENTS`, `MAX_MEMORIES_PER_COMPONENT`, …). wasmtime gives this no error type of its
+/// own: its message is matched (wasmtime is pinned; a test uploads such a component).
+fn over_instance_limits(why: &str) -> bool {
+    why.contains("does not fit in pooling allocator requirements")
+}
+
 /// Why a component cannot serve as an agent.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -426,6 +445,9 @@ pub enum LoadError {
     /// Compiling it went over a bound of time or memory (see [`CompileBounds`](super::CompileBounds)).
     #[error("the component costs too much to compile: {0}")]
     TooCostly(String),
+    /// It declares more memories, tables or table elements than an instance may have: which.
+    #[error("the component declares more than an instance may have: {0}")]
+    OverInstanceLimits(String),
     /// The compiler itself failed (the host's fault, not the component's): why.
     #[error("the compiler failed: {0}")]
     Compiler(String),

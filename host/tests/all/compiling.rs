@@ -371,3 +371,32 @@ async fn an_activation_that_waited_for_a_compile_while_the_agent_was_replaced_is
     );
     hosting.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_declaring_more_tables_or_memories_than_an_instance_may_have_is_refused_at_upload(
+) {
+    let hosting = Hosting::start("compile-declared", "").await;
+    let big_table =
+        "(component (core module (table 200000 funcref)) (core instance (instantiate 0)))";
+    let memories = "(component (core module (memory 1) (memory 1)))";
+    for (text, limit) in [
+        (big_table, "exceeds the limit of 100000"),
+        (memories, "memories"),
+    ] {
+        let wasm = wat::parse_str(text).unwrap();
+        // In a compiling child (serve), and in this process (`voicehost run`): the same refusal.
+        let message = refused_over_limits(&hosting, "agent_declared", wasm.clone()).await;
+        assert!(
+            message.contains("declares more than an instance may have") && message.contains(limit),
+            "{message}"
+        );
+        let here = voicehost_testkit::sandbox().load(&wasm).err().unwrap();
+        assert!(here.to_string().contains(limit), "{here}");
+    }
+    let (status, _) = hosting
+        .api("GET", "/v1/agents/agent_declared", Some(ACME_TOKEN), vec![])
+        .await;
+    assert_eq!(status, 404, "nothing was stored");
+    assert_eq!(leftovers(&hosting), Vec::<String>::new());
+    hosting.finish().await;
+}
