@@ -6,7 +6,8 @@
 //! guest's imports → the call's state machine → the connection's outbox → writer → socket.
 //!
 //! The modules, each importing only those below it: [`protocol`] (Sent's frames as they arrive: the
-//! intake's checks and bounds), [`content`] (content addresses, atomic files), [`sandbox`] (the engine,
+//! intake's checks and bounds), [`content`] (content addresses, atomic files), [`tls`] (rustls: the admin
+//! API's certificate, the TLS clients), [`sandbox`] (the engine,
 //! compiling, instances, their limits and HTTP policy), [`stats`] (what an agent counts), [`call`] (one
 //! call's rules), [`agent`] (one agent's connections, calls and admission), [`tenancy`] (`voicehost
 //! serve`: config, registry, the served agents), [`api`] (the admin HTTP API: routes, views, metrics),
@@ -35,8 +36,8 @@ mod layering {
 
     /// The modules bottom up, as the crate's doc lists them; `logging` sits beside them, `fuzzing` above them all.
     const ORDER: &[&str] = &[
-        "protocol", "logging", "content", "sandbox", "stats", "call", "agent", "tenancy", "api",
-        "cli", "fuzzing",
+        "protocol", "logging", "content", "tls", "sandbox", "stats", "call", "agent", "tenancy",
+        "api", "cli", "fuzzing",
     ];
 
     /// Every `crate::<module>` a top-level module's files name, comments left out.

@@ -19,8 +19,8 @@ use utoipa::{IntoParams, Modify, OpenApi, ToResponse, ToSchema};
     ),
     servers((
         url = "http://127.0.0.1:7070",
-        description = "The default admin address of `voicehost serve`: plain HTTP on loopback. Reach it \
-            from elsewhere through a TLS-terminating proxy on the same machine or an SSH tunnel."
+        description = "The default admin address of `voicehost serve`: plain HTTP on loopback. A host \
+            given a certificate (`[admin] tls_cert`) serves HTTPS on any address instead."
     )),
     security(("bearer" = [])),
     tags(
@@ -171,6 +171,8 @@ pub struct BadRequest(#[allow(dead_code)] ErrorBody);
         "message": "the body did not arrive within 120 s: nothing was kept"}}))),
     ("busy" = (summary = "Too many uploads in progress", value = json!({"error": {"code": "busy",
         "message": "this tenant has 2 uploads in progress, as many as it may: try again once one has been answered"}}))),
+    ("over_quota" = (summary = "Over the tenant's quota", value = json!({"error": {"code": "over_quota",
+        "message": "the tenant would keep 101 of versions, over its quota (quota.versions = 100): delete versions it no longer needs, or ask the operator for more"}}))),
 ))]
 pub struct UploadRejected(#[allow(dead_code)] ErrorBody);
 

@@ -30,7 +30,7 @@ use utoipa::OpenApi as _;
 use utoipa_axum::{router::OpenApiRouter, routes};
 use views::{
     ActivateRequest, AgentList, AgentView, ErrorBody, ErrorCode, Health, PartyView, SessionList,
-    SessionView, VersionView,
+    SessionView, UsageView, VersionView,
 };
 
 /// The routes and the document they make: each handler's `#[utoipa::path]` gives its method and path to
@@ -48,6 +48,7 @@ fn routes() -> OpenApiRouter<Arc<Tenancy>> {
         .routes(routes!(rollback))
         .routes(routes!(set_policy))
         .routes(routes!(sessions))
+        .routes(routes!(usage))
         .routes(routes!(tenant_metrics))
 }
 
@@ -197,6 +198,7 @@ impl From<ServeError> for ApiError {
                 ErrorCode::NotFound
             }
             ServeError::Registry(RegistryError::Conflict(_)) => ErrorCode::Conflict,
+            ServeError::OverQuota(_) => ErrorCode::OverQuota,
             ServeError::Registry(_)
             | ServeError::Internal(_)
             | ServeError::Load(LoadError::Compiler(_)) => {
@@ -469,6 +471,7 @@ async fn show_agent(
         (status = 400, response = doc::UploadRejected),
         (status = 401, response = doc::Unauthorized),
         (status = 408, response = doc::UploadRejected),
+        (status = 409, response = doc::UploadRejected),
         (status = 413, response = doc::UploadRejected),
         (status = 422, response = doc::UploadRejected),
         (status = 429, response = doc::UploadRejected),
@@ -682,6 +685,22 @@ async fn sessions(
         .map(|(agent_id, live)| session_view(agent_id, live.version, &live.call))
         .collect();
     Json(SessionList { sessions })
+}
+
+/// What the tenant keeps, and its quota
+///
+/// Its versions across all its agents, the bytes of the components they hold (each once) and of their
+/// compiled forms, beside the quota an upload may not pass.
+#[utoipa::path(get, path = "/v1/usage", tag = "agents", operation_id = "getUsage",
+    responses(
+        (status = 200, description = "Usage and quota.", body = UsageView),
+        (status = 401, response = doc::Unauthorized),
+    ))]
+async fn usage(State(tenancy): State<Arc<Tenancy>>, Tenant(tenant): Tenant) -> Json<UsageView> {
+    Json(UsageView {
+        usage: tenancy.usage(&tenant).await,
+        quota: tenancy.quota(&tenant),
+    })
 }
 
 /// This document

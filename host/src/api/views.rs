@@ -185,6 +185,15 @@ pub struct AgentList {
     pub agents: Vec<AgentView>,
 }
 
+/// The answer to `GET /v1/usage`: what the tenant keeps on the host, and its quota.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct UsageView {
+    /// What it keeps now.
+    pub usage: crate::tenancy::Usage,
+    /// What it may keep; an upload that would pass any part is `409 over_quota`.
+    pub quota: crate::tenancy::Quota,
+}
+
 /// The answer to `GET /v1/sessions`: the tenant's live calls.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionList {
@@ -266,6 +275,9 @@ pub enum ErrorCode {
     /// 409: the request clashes with the agent's state: deleting the active version, or a rollback with
     /// nothing to roll back to.
     Conflict,
+    /// 409: the upload would take the tenant over its quota of versions, stored bytes or compiled bytes
+    /// (`[quota]`); deleting versions makes room. `GET /v1/usage` says where it stands.
+    OverQuota,
     /// 429: the tenant has as many uploads in progress as it may (`[admin] uploads_per_tenant`), asks
     /// faster than `requests_per_second`, or its client address failed to log in more than
     /// `failed_logins_per_minute`; the answer's `Retry-After` says when to try again.
@@ -278,7 +290,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in the order declared.
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 14] = [
         ErrorCode::Unauthorized,
         ErrorCode::NotFound,
         ErrorCode::BadRequest,
@@ -289,6 +301,7 @@ impl ErrorCode {
         ErrorCode::TooLarge,
         ErrorCode::OverLimits,
         ErrorCode::Conflict,
+        ErrorCode::OverQuota,
         ErrorCode::Busy,
         ErrorCode::Timeout,
         ErrorCode::Internal,
@@ -307,6 +320,7 @@ impl ErrorCode {
             ErrorCode::TooLarge => "too_large",
             ErrorCode::OverLimits => "over_limits",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::OverQuota => "over_quota",
             ErrorCode::Busy => "busy",
             ErrorCode::Timeout => "timeout",
             ErrorCode::Internal => "internal",
@@ -324,7 +338,7 @@ impl ErrorCode {
             | ErrorCode::InvalidComponent => 400,
             ErrorCode::WrongWorld | ErrorCode::OverLimits => 422,
             ErrorCode::TooLarge => 413,
-            ErrorCode::Conflict => 409,
+            ErrorCode::Conflict | ErrorCode::OverQuota => 409,
             ErrorCode::Busy => 429,
             ErrorCode::Timeout => 408,
             ErrorCode::Internal => 500,

@@ -3,7 +3,8 @@
 //! connection, and never shows the admin token: not in output, not in an error.
 
 use crate::api::views::{
-    ActivateRequest, AgentList, AgentView, ErrorBody, PartyView, SessionList, VersionView,
+    ActivateRequest, AgentList, AgentView, ErrorBody, PartyView, SessionList, UsageView,
+    VersionView,
 };
 use crate::call::FailurePolicy;
 use crate::tenancy::{token_sha256, valid_agent_id, AGENT_ID_RULE};
@@ -113,6 +114,8 @@ enum AgentsCommand {
     },
     /// The tenant's live calls.
     Sessions,
+    /// What the tenant keeps on the host (versions, stored and compiled bytes) beside its quota.
+    Usage,
 }
 
 /// Makes the admin tokens of tenants for the host's configuration, which keeps only their SHA-256.
@@ -320,6 +323,10 @@ async fn execute(client: &Client, command: AgentsCommand, json: bool) -> Result<
                 .json(Method::GET, "/v1/sessions", Body::Empty)
                 .await?;
             render(client, "/v1/sessions", answer, json, sessions_table)?
+        }
+        AgentsCommand::Usage => {
+            let answer = client.json(Method::GET, "/v1/usage", Body::Empty).await?;
+            render(client, "/v1/usage", answer, json, usage_table)?
         }
     };
     Ok(output)

@@ -180,6 +180,30 @@ pub(super) fn agent_text(agent: &AgentView) -> String {
 }
 
 /// `voicehost agents sessions`: one line per live call.
+pub(super) fn usage_table(view: &UsageView) -> String {
+    let (usage, quota) = (&view.usage, &view.quota);
+    table(
+        &["", "USED", "QUOTA"],
+        &[
+            vec![
+                "versions".into(),
+                usage.versions.to_string(),
+                quota.versions.to_string(),
+            ],
+            vec![
+                "components".into(),
+                size_text(usage.stored_bytes),
+                size_text(quota.stored_bytes),
+            ],
+            vec![
+                "compiled".into(),
+                size_text(usage.compiled_bytes),
+                size_text(quota.compiled_bytes),
+            ],
+        ],
+    )
+}
+
 pub(super) fn sessions_table(list: &SessionList) -> String {
     if list.sessions.is_empty() {
         return "no live calls\n".into();

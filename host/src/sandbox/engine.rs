@@ -294,6 +294,14 @@ impl Sandbox {
         Ok(removed)
     }
 
+    /// The size of the compiled form of `digest` in the cache: 0 when it is not there (or there is no
+    /// cache).
+    pub fn compiled_bytes(&self, digest: &Digest) -> u64 {
+        self.cache_path(digest)
+            .and_then(|path| std::fs::metadata(path).ok())
+            .map_or(0, |meta| meta.len())
+    }
+
     /// Deletes the compiled form of a component no version refers to any more.
     pub fn forget(&self, digest: &Digest) {
         if let Some(path) = self.cache_path(digest) {

@@ -5,6 +5,7 @@ use crate::agent::{ApiKey, Dial};
 use crate::sandbox::limits::{self, ResolvedLimits};
 use crate::sandbox::outbound::{self, HttpPolicy, Origin};
 use crate::sandbox::CompileBounds;
+use crate::tenancy::quota::Quota;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
@@ -35,6 +36,9 @@ pub struct ServeConfig {
     /// What compiling one upload may cost, and how many compile at once (`[compile]`).
     #[serde(default)]
     pub compile: CompileConfig,
+    /// What every tenant may keep, unless its own `[tenants.quota]` says otherwise (`[quota]`).
+    #[serde(default)]
+    pub quota: QuotaConfig,
     /// The tenants (`[[tenants]]`), as written; [`ServeConfig::tenants()`] reads and checks them.
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
@@ -81,6 +85,51 @@ impl CompileConfig {
                 ("at_once", self.at_once as u64, 1, 16),
             ],
         )
+    }
+}
+
+/// `[quota]` (for every tenant) and `[tenants.quota]` (one tenant's, over it): what a tenant may keep on
+/// the host's disk (see [`Quota`]).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// Versions, across all the tenant's agents (1 to 100000; 100).
+    pub versions: Option<u64>,
+    /// MiB of the components its versions hold, each once (1 to 1048576; 1024).
+    pub stored_mib: Option<u64>,
+    /// MiB of their compiled forms (1 to 4194304; 4096).
+    pub compiled_mib: Option<u64>,
+}
+
+impl QuotaConfig {
+    /// These settings, the ones left out taken from `base`.
+    fn over(&self, base: &QuotaConfig) -> QuotaConfig {
+        QuotaConfig {
+            versions: self.versions.or(base.versions),
+            stored_mib: self.stored_mib.or(base.stored_mib),
+            compiled_mib: self.compiled_mib.or(base.compiled_mib),
+        }
+    }
+
+    /// The quota, the settings left out at their defaults, each checked against its range.
+    fn resolve(&self) -> anyhow::Result<Quota> {
+        let default = Quota::DEFAULT;
+        let versions = self.versions.unwrap_or(default.versions);
+        let stored_mib = self.stored_mib.unwrap_or(default.stored_bytes >> 20);
+        let compiled_mib = self.compiled_mib.unwrap_or(default.compiled_bytes >> 20);
+        within(
+            "quota",
+            &[
+                ("versions", versions, 1, 100_000),
+                ("stored_mib", stored_mib, 1, 1 << 20),
+                ("compiled_mib", compiled_mib, 1, 4 << 20),
+            ],
+        )?;
+        Ok(Quota {
+            versions,
+            stored_bytes: stored_mib << 20,
+            compiled_bytes: compiled_mib << 20,
+        })
     }
 }
 
@@ -352,6 +401,9 @@ pub struct TenantConfig {
     /// Where the tenant's agents may send HTTP requests (`[tenants.http]`).
     #[serde(default)]
     pub http: HttpConfig,
+    /// What the tenant may keep, over `[quota]` (`[tenants.quota]`).
+    #[serde(default)]
+    pub quota: QuotaConfig,
     /// Per agent: `[tenants.agents.agent_x]` with `limits`.
     #[serde(default)]
     pub agents: BTreeMap<String, AgentOverrides>,
@@ -398,6 +450,8 @@ pub struct Tenant {
     agent_limits: BTreeMap<String, ResolvedLimits>,
     /// Where its agents may send HTTP requests.
     pub http: Arc<HttpPolicy>,
+    /// What it may keep.
+    pub quota: Quota,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -605,6 +659,7 @@ impl ServeConfig {
         config.metrics_token()?;
         config.compile.check()?;
         config.admin.check()?;
+        config.quota.resolve()?;
         Ok(config)
     }
 
@@ -681,6 +736,11 @@ impl ServeConfig {
                 .http
                 .policy()
                 .map_err(|e| anyhow::anyhow!("tenant {id:?}: {e:#}"))?;
+            let quota = tenant
+                .quota
+                .over(&self.quota)
+                .resolve()
+                .map_err(|e| anyhow::anyhow!("tenant {id:?}: {e:#}"))?;
             tenants.push(Tenant {
                 id: id.clone(),
                 token,
@@ -688,6 +748,7 @@ impl ServeConfig {
                 limits,
                 agent_limits,
                 http: Arc::new(http),
+                quota,
             });
         }
         Ok(tenants)
@@ -854,6 +915,14 @@ mod tests {
             (
                 "data_dir = \"d\"\n[admin]\ntls_key = \"k.pem\"",
                 "admin.tls_key is set: set admin.tls_cert too",
+            ),
+            (
+                "data_dir = \"d\"\n[quota]\nversions = 0",
+                "quota.versions = 0: use 1 to 100000",
+            ),
+            (
+                "data_dir = \"d\"\n[quota]\nstored = 5",
+                "unknown field `stored`",
             ),
         ] {
             let error = format!("{:#}", ServeConfig::parse(text).unwrap_err());

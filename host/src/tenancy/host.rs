@@ -5,6 +5,7 @@
 
 use super::compiling::{CompileQueue, UploadSlots};
 use super::config::{ServeConfig, Tenant, TokenHash};
+use super::quota::{Quota, Usage};
 use super::rates::Rates;
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
@@ -35,6 +36,9 @@ pub enum ServeError {
     /// A valid agent whose declared needs exceed its limits (its initial memory over `memory_mib`).
     #[error("{0}")]
     OverLimits(String),
+    /// The upload would take the tenant over its quota: which part, and what to do.
+    #[error("{0}")]
+    OverQuota(String),
     /// The tenant has as many uploads in progress as it may: try again once one has finished.
     #[error("{0}")]
     Busy(String),
@@ -424,17 +428,33 @@ impl Tenancy {
             move || Digest::of(&wasm)
         })
         .await?;
-        // The compiled cache is shared by content, so a tenant's upload compiles unless the tenant itself
-        // has uploaded these bytes before: how long it takes says nothing of other tenants' uploads.
-        let known = self.registry.lock().await.holds(tenant, &digest);
+        let adding = (&digest, wasm.len() as u64);
+        let known = {
+            let registry = self.registry.lock().await;
+            // Before compiling: over its versions or stored bytes, the upload costs no compile. Its
+            // compiled form is not counted yet (whether another tenant's is cached must not show).
+            let usage = registry.usage(tenant, Some(adding), |d| match d == &digest {
+                true => 0,
+                false => self.sandbox.compiled_bytes(d),
+            });
+            self.check_quota(tenant, &usage)?;
+            // The compiled cache is shared by content, so a tenant's upload compiles unless the tenant
+            // itself has uploaded these bytes before: how long it takes says nothing of other tenants'.
+            registry.holds(tenant, &digest)
+        };
         let code = self.load(tenant, wasm.clone(), &digest, known).await?;
         let mut registry = self.registry.lock().await;
-        // Under the lock, with the limits as they are now (a reload may have lowered them meanwhile).
-        let stored = self.check_fits(tenant, agent, &code).and_then(|()| {
-            // Stored and made active in one write of the index: a crash never leaves it stored but
-            // inactive.
-            Ok(registry.add_version(tenant, agent, &wasm, unix_now(), activate)?)
-        });
+        // Under the lock, with the limits and the tenant's other uploads as they are now (a reload may
+        // have lowered them, another upload may have been stored meanwhile); its compiled form counted.
+        let usage = registry.usage(tenant, Some(adding), |d| self.sandbox.compiled_bytes(d));
+        let stored = self
+            .check_quota(tenant, &usage)
+            .and_then(|()| self.check_fits(tenant, agent, &code))
+            .and_then(|()| {
+                // Stored and made active in one write of the index: a crash never leaves it stored but
+                // inactive.
+                Ok(registry.add_version(tenant, agent, &wasm, unix_now(), activate)?)
+            });
         let version = match stored {
             Ok(version) => version,
             Err(error) => {
@@ -696,6 +716,27 @@ impl Tenancy {
 
     /// Refuses code whose instances could never start under the agent's limits, so that the upload (or
     /// the activation or rollback, after the limits were lowered) fails, not every call.
+    /// Whether `usage` is within the tenant's quota.
+    fn check_quota(&self, tenant: &str, usage: &Usage) -> Result<(), ServeError> {
+        let quota = self.quota(tenant);
+        match quota.refusal(usage) {
+            Some(why) => Err(ServeError::OverQuota(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// The tenant's quota (the default for a tenant the config no longer has).
+    pub fn quota(&self, tenant: &str) -> Quota {
+        self.tenant(tenant)
+            .map_or(Quota::DEFAULT, |tenant| tenant.quota)
+    }
+
+    /// What the tenant keeps now.
+    pub async fn usage(&self, tenant: &str) -> Usage {
+        let registry = self.registry.lock().await;
+        registry.usage(tenant, None, |d| self.sandbox.compiled_bytes(d))
+    }
+
     fn check_fits(&self, tenant: &str, agent: &str, code: &AgentCode) -> Result<(), ServeError> {
         match code.never_fits(&self.limits(tenant, agent)) {
             Some(why) => Err(ServeError::OverLimits(why)),

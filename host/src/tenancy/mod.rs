@@ -6,6 +6,7 @@
 mod compiling;
 mod config;
 mod host;
+mod quota;
 mod rates;
 mod registry;
 
@@ -14,4 +15,5 @@ pub use config::{
     MAX_API_KEY_BYTES, MAX_CONNECTIONS,
 };
 pub use host::{AgentStatus, ServeError, Tenancy, UploadSlot};
+pub use quota::{Quota, Usage};
 pub use registry::{AgentRecord, RegistryError, VersionRecord};

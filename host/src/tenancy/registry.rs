@@ -2,6 +2,7 @@
 //! both behind [`ComponentStore`] so a shared object store can stand in for the disk later. Every change to
 //! the index is written whole and atomically: after a crash the registry is the one before or after it.
 
+use super::quota::Usage;
 use crate::call::FailurePolicy;
 use crate::content::{remove_partials, write_atomically, Digest};
 use serde::{Deserialize, Serialize};
@@ -265,6 +266,32 @@ impl Registry {
                 .flat_map(|record| &record.versions)
                 .any(|v| &v.digest == digest)
         })
+    }
+
+    /// What the tenant keeps, with a version of `adding` (its digest and size) counted too when given: its
+    /// versions, and each component they hold once, at its size and at `compiled`'s size of its compiled
+    /// form.
+    pub fn usage(
+        &self,
+        tenant: &str,
+        adding: Option<(&Digest, u64)>,
+        compiled: impl Fn(&Digest) -> u64,
+    ) -> Usage {
+        let mut components = BTreeMap::new();
+        let mut versions = 0;
+        for version in self.agents(tenant).flat_map(|(_, record)| &record.versions) {
+            versions += 1;
+            components.insert(&version.digest, version.size_bytes);
+        }
+        if let Some((digest, size)) = adding {
+            versions += 1;
+            components.insert(digest, size);
+        }
+        Usage {
+            versions,
+            stored_bytes: components.values().sum(),
+            compiled_bytes: components.keys().map(|digest| compiled(digest)).sum(),
+        }
     }
 
     /// The tenant's agents, by id.

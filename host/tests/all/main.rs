@@ -12,5 +12,6 @@ mod guest_faults;
 mod operator;
 mod outbound;
 mod pressure;
+mod quota;
 mod suite;
 mod tenancy;
