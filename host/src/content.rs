@@ -1,10 +1,12 @@
-//! Content addresses and files written whole: what the registry's store and the compiled cache share. A
-//! leaf: it imports nothing of the host's.
+//! Content addresses and files written whole: what the registry's store, the compiled cache and uploads
+//! share (uploads are received into a [`Spool`], never held in memory). A leaf: it imports nothing of the
+//! host's.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The content address of a component: `sha256:` and 64 lowercase hex digits.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,6 +110,131 @@ pub fn remove_partials(dir: &Path) -> std::io::Result<usize> {
     Ok(removed)
 }
 
+/// A file that is deleted when dropped, unless it was renamed away first.
+#[derive(Debug)]
+pub struct TempFile(PathBuf);
+
+impl TempFile {
+    /// A new name in `dir` that [`remove_partials`] knows: `<stem>.partial-<pid>-<n>`.
+    pub fn new_in(dir: &Path, stem: &str) -> TempFile {
+        static MADE: AtomicU64 = AtomicU64::new(0);
+        let n = MADE.fetch_add(1, Ordering::Relaxed);
+        TempFile(dir.join(format!("{stem}.{}", partial_suffix(n))))
+    }
+
+    /// Where the file is.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A component being received into a file piece by piece, its SHA-256 and size counted as it comes, so
+/// that an upload never has to be held in memory. Dropped before [`Spool::finish`] (an upload abandoned,
+/// too large, too slow), its file is deleted.
+pub struct Spool {
+    file: tokio::io::BufWriter<tokio::fs::File>,
+    temp: TempFile,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl Spool {
+    /// A new, empty file in `dir`.
+    pub async fn create(dir: &Path) -> std::io::Result<Spool> {
+        let temp = TempFile::new_in(dir, "upload");
+        let file = tokio::fs::File::create(temp.path()).await?;
+        Ok(Spool {
+            file: tokio::io::BufWriter::with_capacity(64 << 10, file),
+            temp,
+            hasher: Sha256::new(),
+            size: 0,
+        })
+    }
+
+    /// Appends `data`.
+    pub async fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt as _;
+        self.hasher.update(data);
+        self.size += data.len() as u64;
+        self.file.write_all(data).await
+    }
+
+    /// Bytes written so far.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The whole component, written out.
+    pub async fn finish(mut self) -> std::io::Result<Spooled> {
+        use tokio::io::AsyncWriteExt as _;
+        self.file.flush().await?;
+        Ok(Spooled {
+            digest: Digest(format!("sha256:{}", hex(&self.hasher.finalize()))),
+            size: self.size,
+            temp: self.temp,
+        })
+    }
+}
+
+/// A component received whole into a file ([`Spool`]): its digest and size. The file is deleted when this
+/// is dropped, unless [`Spooled::keep_as`] moved it into place.
+#[derive(Debug)]
+pub struct Spooled {
+    temp: TempFile,
+    digest: Digest,
+    size: u64,
+}
+
+impl Spooled {
+    /// `bytes` written into a new file in `dir` (blocking): for callers that have the bytes already.
+    pub fn from_bytes(dir: &Path, bytes: &[u8]) -> std::io::Result<Spooled> {
+        let temp = TempFile::new_in(dir, "upload");
+        std::fs::write(temp.path(), bytes)?;
+        Ok(Spooled {
+            temp,
+            digest: Digest::of(bytes),
+            size: bytes.len() as u64,
+        })
+    }
+
+    /// Where the file is, until it is kept.
+    pub fn path(&self) -> &Path {
+        self.temp.path()
+    }
+
+    /// The component's content address.
+    pub fn digest(&self) -> &Digest {
+        &self.digest
+    }
+
+    /// The component's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Moves the file to `path` (blocking) as [`write_atomically`] writes one: flushed to disk, renamed,
+    /// the directory flushed; copied if `path` is on another file system.
+    pub fn keep_as(self, path: &Path) -> std::io::Result<()> {
+        std::fs::File::open(self.path())?.sync_all()?;
+        if std::fs::rename(self.path(), path).is_err() {
+            let copy = TempFile::new_in(path.parent().unwrap_or(Path::new(".")), "copy");
+            std::fs::copy(self.path(), copy.path())?;
+            std::fs::File::open(copy.path())?.sync_all()?;
+            std::fs::rename(copy.path(), path)?;
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +271,55 @@ mod tests {
         ] {
             assert!(Digest::parse(bad).is_err(), "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod spool_tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("voicehost-spool-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn files(dir: &Path) -> usize {
+        std::fs::read_dir(dir).unwrap().count()
+    }
+
+    #[tokio::test]
+    async fn a_spooled_component_has_the_digest_and_size_of_its_bytes_and_moves_into_place() {
+        let dir = dir("whole");
+        let mut spool = Spool::create(&dir).await.unwrap();
+        for piece in [&b"\0asm"[..], b"\x0d\0\x01\0", b"rest"] {
+            spool.write(piece).await.unwrap();
+        }
+        assert_eq!(spool.size(), 12);
+        let spooled = spool.finish().await.unwrap();
+        assert_eq!(*spooled.digest(), Digest::of(b"\0asm\x0d\0\x01\0rest"));
+        assert_eq!(spooled.size(), 12);
+        let kept = dir.join("kept.wasm");
+        spooled.keep_as(&kept).unwrap();
+        assert_eq!(std::fs::read(&kept).unwrap(), b"\0asm\x0d\0\x01\0rest");
+        assert_eq!(files(&dir), 1, "only the kept file");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_spool_or_spooled_component_leaves_no_file() {
+        let dir = dir("abandoned");
+        let mut spool = Spool::create(&dir).await.unwrap();
+        spool.write(&[7; 100_000]).await.unwrap();
+        assert_eq!(files(&dir), 1);
+        drop(spool);
+        assert_eq!(files(&dir), 0);
+        let spooled = Spooled::from_bytes(&dir, b"bytes").unwrap();
+        assert_eq!(files(&dir), 1);
+        drop(spooled);
+        assert_eq!(files(&dir), 0);
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -496,9 +496,11 @@ async fn upload(
             format!("the component is over this tenant's cap of {cap} bytes"),
         )
     };
-    // A body over the cap is refused without being held; a slow one is given up at the deadline.
+    // A body over the cap is refused without being kept; a slow one is given up at the deadline. It is
+    // received into a file, never held in memory; an upload refused or abandoned leaves no file.
     let timeout = tenancy.upload_timeout();
-    let wasm = match body::read(body, usize::try_from(cap).unwrap_or(usize::MAX), timeout).await {
+    let spool = tenancy.spool().await?;
+    let wasm = match body::spool(body, cap, timeout, spool).await {
         Ok(wasm) => wasm,
         Err(BodyError::TooLarge) => return Err(too_large()),
         Err(BodyError::TooSlow) => return Err(ApiError::too_slow(timeout)),
@@ -507,11 +509,15 @@ async fn upload(
                 "the upload broke off: {why}"
             )))
         }
+        Err(BodyError::Unwritable(why)) => {
+            tracing::error!(tenant, error = why, "an upload could not be written down");
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                "the host could not store the upload; its log says why",
+            ));
+        }
     };
-    if wasm.len() as u64 > cap {
-        return Err(too_large());
-    }
-    if wasm.is_empty() {
+    if wasm.size() == 0 {
         return Err(ApiError::new(
             ErrorCode::NotWasm,
             "the body is empty: send the component's bytes",
@@ -722,7 +728,10 @@ async fn parse_json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, Api
             ))
         }
         Err(BodyError::TooSlow) => return Err(ApiError::too_slow(JSON_BODY_TIME)),
-        Err(BodyError::BrokenOff(why)) => return Err(ApiError::bad_request(why)),
+        // (Only a file can be unwritable; this body is read into memory.)
+        Err(BodyError::BrokenOff(why) | BodyError::Unwritable(why)) => {
+            return Err(ApiError::bad_request(why))
+        }
     };
     serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the body: {e}")))
 }

@@ -7,6 +7,7 @@
 //! loads what it wrote as it loads its cache (see `engine.rs`). Its environment is emptied, but it runs as
 //! the host's user: it bounds what a compile costs, and is not a privilege boundary.
 
+use super::engine::Wasm;
 use super::guest_log::clip;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -69,8 +70,18 @@ const OUT_OF_MEMORY: i32 = 4;
 impl ChildCompiler {
     /// Compiles `wasm` in a child process, which writes the compiled form to `output` (a new file). The
     /// child is killed when this future is dropped (an upload whose client went away) or at the deadline.
-    pub(super) async fn compile(&self, wasm: &[u8], output: &Path) -> Result<(), ChildFailure> {
+    pub(super) async fn compile(&self, wasm: &Wasm, output: &Path) -> Result<(), ChildFailure> {
         let bounds = self.bounds;
+        // A file is the child's stdin itself; bytes are fed through a pipe.
+        let (stdin, bytes) = match wasm {
+            Wasm::File(path) => {
+                let file = std::fs::File::open(path).map_err(|e| {
+                    ChildFailure::Failed(format!("cannot read {}: {e}", path.display()))
+                })?;
+                (Stdio::from(file), None)
+            }
+            Wasm::Bytes(bytes) => (Stdio::piped(), Some(bytes)),
+        };
         let mut child = tokio::process::Command::new(&self.program)
             .arg(SUBCOMMAND)
             .arg("--output")
@@ -83,7 +94,7 @@ impl ChildCompiler {
             .arg(std::process::id().to_string())
             .env_clear()
             .current_dir("/")
-            .stdin(Stdio::piped())
+            .stdin(stdin)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -94,12 +105,13 @@ impl ChildCompiler {
                     self.program.display()
                 ))
             })?;
-        let mut stdin = child.stdin.take().expect("piped");
+        let stdin = child.stdin.take();
         let mut stderr = child.stderr.take().expect("piped");
         let feed = async {
             // The child may stop reading (refused, or over a bound): its status says why, not the pipe.
-            let _ = stdin.write_all(wasm).await;
-            drop(stdin);
+            if let (Some(mut stdin), Some(bytes)) = (stdin, bytes) {
+                let _ = stdin.write_all(bytes).await;
+            }
         };
         let hear = async {
             // Read to its end (a child blocked writing would look slow), keeping the start.

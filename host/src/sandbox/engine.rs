@@ -5,7 +5,7 @@ use super::compiler::{ChildCompiler, ChildFailure};
 use super::guest_log::clip;
 use super::imports::HostState;
 use super::{bindings, limits, outbound, Limits, TICK};
-use crate::content::{partial_suffix, remove_partials, write_atomically, Digest};
+use crate::content::{remove_partials, write_atomically, Digest, TempFile};
 use anyhow::Result;
 use std::collections::BTreeSet;
 use std::hash::{Hash, Hasher};
@@ -163,24 +163,46 @@ impl Sandbox {
     /// Compiles `wasm` under the compiler's bounds in a child process when the sandbox has one (else in
     /// this process, off the async workers), checks it against the world, and keeps it in the cache. The
     /// child is killed if this future is dropped.
-    pub async fn compile(
-        &self,
-        wasm: bytes::Bytes,
-        digest: &Digest,
-    ) -> Result<AgentCode, LoadError> {
-        check_header(&wasm)?;
+    pub async fn compile(&self, wasm: Wasm, digest: &Digest) -> Result<AgentCode, LoadError> {
         let sandbox = self.clone();
         let digest = digest.clone();
         let Some(compiler) = &self.compiler else {
-            return blocking(move || sandbox.compile_here(&wasm, &digest)).await?;
+            return blocking(move || {
+                let bytes = match wasm {
+                    Wasm::Bytes(bytes) => bytes.to_vec(),
+                    Wasm::File(path) => std::fs::read(&path).map_err(|e| {
+                        LoadError::Compiler(format!("cannot read {}: {e}", path.display()))
+                    })?,
+                };
+                check_header(&bytes)?;
+                sandbox.compile_here(&bytes, &digest)
+            })
+            .await?;
         };
+        let header = match &wasm {
+            Wasm::Bytes(bytes) => bytes.slice(..bytes.len().min(8)).to_vec(),
+            Wasm::File(path) => {
+                blocking({
+                    let path = path.clone();
+                    move || {
+                        use std::io::Read as _;
+                        let mut header = Vec::with_capacity(8);
+                        std::fs::File::open(&path)
+                            .and_then(|file| file.take(8).read_to_end(&mut header))
+                            .map(|_| header)
+                            .map_err(|e| {
+                                LoadError::Compiler(format!("cannot read {}: {e}", path.display()))
+                            })
+                    }
+                })
+                .await??
+            }
+        };
+        check_header(&header)?;
         // Written beside its final name (a file name `remove_partials` knows), renamed once it passed.
         let dir = self.cache.clone().unwrap_or_else(std::env::temp_dir);
         let name = self.cache_name(&digest);
-        let output = Partial(dir.join(format!(
-            "{name}.{}",
-            partial_suffix(COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-        )));
+        let output = TempFile::new_in(&dir, &name);
         blocking({
             let dir = dir.clone();
             move || std::fs::create_dir_all(&dir)
@@ -188,7 +210,7 @@ impl Sandbox {
         .await?
         .map_err(|e| LoadError::Compiler(format!("cannot create {}: {e}", dir.display())))?;
         compiler
-            .compile(&wasm, &output.0)
+            .compile(&wasm, output.path())
             .await
             .map_err(|failure| match failure {
                 ChildFailure::Refused(why) => LoadError::Invalid(why),
@@ -201,7 +223,7 @@ impl Sandbox {
             // compiling on this host with this engine's code settings; nothing from outside is
             // deserialized, and wasmtime checks the settings the form was compiled with.
             #[allow(unsafe_code)]
-            let component = unsafe { Component::deserialize_file(&sandbox.engine, &output.0) }
+            let component = unsafe { Component::deserialize_file(&sandbox.engine, output.path()) }
                 .map_err(|e| {
                     // The child compiles without the pool; the pool's limits are checked here.
                     let why = detail(e);
@@ -214,7 +236,7 @@ impl Sandbox {
                 })?;
             let code = sandbox.checked(&component, false)?;
             if sandbox.cache.is_some() {
-                if let Err(error) = std::fs::rename(&output.0, dir.join(&name)) {
+                if let Err(error) = std::fs::rename(output.path(), dir.join(&name)) {
                     tracing::warn!(%error, "could not cache a compiled component");
                 }
             }
@@ -355,18 +377,6 @@ fn check_header(wasm: &[u8]) -> Result<(), LoadError> {
     Ok(())
 }
 
-/// Compiles started by this process: each child writes its own file.
-static COMPILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// A file being written, removed when dropped unless it was renamed away.
-struct Partial(PathBuf);
-
-impl Drop for Partial {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// Defines every `wasi:http` import of `component` in `linker` as a function that traps (and its resources
 /// as types nothing can make): the agent instantiates, and its first use of `wasi:http` ends the handler
 /// call. Only `wasi:http`'s: `wasmtime`'s `define_unknown_imports_as_traps` would also redefine the
@@ -436,6 +446,16 @@ fn detail(error: wasmtime::Error) -> String {
 /// own: its message is matched (wasmtime is pinned; a test uploads such a component).
 fn over_instance_limits(why: &str) -> bool {
     why.contains("does not fit in pooling allocator requirements")
+}
+
+/// A component's bytes to compile: in memory, or in a file (an upload received into one) that stays until
+/// the compile is done.
+#[derive(Debug, Clone)]
+pub enum Wasm {
+    /// In memory (a stored version, read back and checked).
+    Bytes(bytes::Bytes),
+    /// In this file.
+    File(PathBuf),
 }
 
 /// Why a component cannot serve as an agent.

@@ -31,7 +31,7 @@ pub mod outbound;
 mod trap;
 
 pub use compiler::{ChildCompiler, CompileBounds};
-pub use engine::{blocking, AgentCode, LoadError, Sandbox};
+pub use engine::{blocking, AgentCode, LoadError, Sandbox, Wasm};
 pub use instance::{Event, Instance, Outcome, HANDLERS};
 pub use outbound::{HttpPolicy, Origin};
 pub use trap::{TrapKind, TrapReport};

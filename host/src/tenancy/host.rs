@@ -9,8 +9,8 @@ use super::quota::{Quota, Usage};
 use super::rates::Rates;
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
-use crate::content::Digest;
-use crate::sandbox::{blocking, AgentCode, ChildCompiler, Limits, LoadError, Sandbox};
+use crate::content::{remove_partials, Digest, Spool, Spooled};
+use crate::sandbox::{blocking, AgentCode, ChildCompiler, Limits, LoadError, Sandbox, Wasm};
 use std::path::PathBuf;
 
 use crate::stats::{Counter, LiveSession, Stats};
@@ -104,6 +104,8 @@ pub struct Tenancy {
     uploads: UploadSlots,
     /// How long an upload's body may take to arrive.
     upload_timeout: Duration,
+    /// Where uploads are received (`data_dir/uploads`), each into a file of its own.
+    uploads_dir: PathBuf,
     /// Failed logins per client address, requests per tenant.
     rates: Rates,
     /// Components compiled by this process (a restart with a warm cache compiles none).
@@ -130,6 +132,11 @@ impl Tenancy {
         let store = DiskStore::new(config.data_dir.join("components"))
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", config.data_dir.display()))?;
         let registry = Registry::open(Box::new(store))?;
+        // Uploads are received here: what a killed host left is removed.
+        let uploads_dir = config.data_dir.join("uploads");
+        std::fs::create_dir_all(&uploads_dir)
+            .and_then(|()| remove_partials(&uploads_dir))
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", uploads_dir.display()))?;
         let mut sandbox = Sandbox::new()?.with_cache(config.data_dir.join("compiled"));
         if let Some(program) = compiler {
             sandbox = sandbox.with_compiler(ChildCompiler {
@@ -154,6 +161,7 @@ impl Tenancy {
             compiling: CompileQueue::new(config.compile.at_once),
             uploads: UploadSlots::new(config.admin.uploads_per_tenant),
             upload_timeout: Duration::from_secs(config.admin.upload_timeout_seconds),
+            uploads_dir,
             rates: Rates::new(
                 config.admin.failed_logins_per_minute,
                 config.admin.requests_per_second,
@@ -413,22 +421,26 @@ impl Tenancy {
         self.upload_timeout
     }
 
-    /// Validates and compiles `wasm` on this host, then keeps it as the agent's next version; nothing is
-    /// stored when it cannot serve as an agent.
+    /// A new file to receive an upload into (deleted when the upload is dropped unfinished).
+    pub async fn spool(&self) -> Result<Spool, ServeError> {
+        Spool::create(&self.uploads_dir).await.map_err(|e| {
+            tracing::error!(dir = %self.uploads_dir.display(), error = %e, "cannot receive an upload");
+            ServeError::Internal("the host cannot receive uploads; its log says why".into())
+        })
+    }
+
+    /// Validates and compiles the component received into `wasm` on this host, then keeps it as the
+    /// agent's next version; nothing is stored when it cannot serve as an agent.
     pub async fn upload(
         self: &Arc<Tenancy>,
         tenant: &str,
         agent: &str,
-        wasm: bytes::Bytes,
+        wasm: Spooled,
         activate: bool,
     ) -> Result<VersionRecord, ServeError> {
         check_agent_id(agent)?;
-        let digest = blocking({
-            let wasm = wasm.clone();
-            move || Digest::of(&wasm)
-        })
-        .await?;
-        let adding = (&digest, wasm.len() as u64);
+        let digest = wasm.digest().clone();
+        let adding = (&digest, wasm.size());
         let known = {
             let registry = self.registry.lock().await;
             // Before compiling: over its versions or stored bytes, the upload costs no compile. Its
@@ -442,7 +454,14 @@ impl Tenancy {
             // itself has uploaded these bytes before: how long it takes says nothing of other tenants'.
             registry.holds(tenant, &digest)
         };
-        let code = self.load(tenant, wasm.clone(), &digest, known).await?;
+        let code = self
+            .load(
+                tenant,
+                Wasm::File(wasm.path().to_path_buf()),
+                &digest,
+                known,
+            )
+            .await?;
         let mut registry = self.registry.lock().await;
         // Under the lock, with the limits and the tenant's other uploads as they are now (a reload may
         // have lowered them, another upload may have been stored meanwhile); its compiled form counted.
@@ -453,7 +472,7 @@ impl Tenancy {
             .and_then(|()| {
                 // Stored and made active in one write of the index: a crash never leaves it stored but
                 // inactive.
-                Ok(registry.add_version(tenant, agent, &wasm, unix_now(), activate)?)
+                Ok(registry.add_version(tenant, agent, wasm, unix_now(), activate)?)
             });
         let version = match stored {
             Ok(version) => version,
@@ -690,7 +709,9 @@ impl Tenancy {
                 .ok_or_else(|| RegistryError::no_version(agent, version))?;
             (registry.component(&chosen)?, chosen.digest)
         };
-        let code = self.load(tenant, wasm.into(), &digest, true).await?;
+        let code = self
+            .load(tenant, Wasm::Bytes(wasm.into()), &digest, true)
+            .await?;
         Ok((code, digest))
     }
 
@@ -749,7 +770,7 @@ impl Tenancy {
     async fn load(
         &self,
         tenant: &str,
-        wasm: bytes::Bytes,
+        wasm: Wasm,
         digest: &Digest,
         cached_ok: bool,
     ) -> Result<AgentCode, ServeError> {

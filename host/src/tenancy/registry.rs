@@ -4,7 +4,7 @@
 
 use super::quota::Usage;
 use crate::call::FailurePolicy;
-use crate::content::{remove_partials, write_atomically, Digest};
+use crate::content::{remove_partials, write_atomically, Digest, Spooled};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -25,8 +25,9 @@ pub enum StoreError {
 
 /// Components by content address, and the registry's index. What a shared object store implements.
 pub trait ComponentStore: Send + Sync {
-    /// Keeps `wasm` and returns its address; keeping the same bytes twice is one copy.
-    fn put(&self, wasm: &[u8]) -> Result<Digest, StoreError>;
+    /// Keeps the component received into `wasm` and returns its address; keeping the same bytes twice is
+    /// one copy.
+    fn put(&self, wasm: Spooled) -> Result<Digest, StoreError>;
     /// The bytes at `digest`, checked against it.
     fn get(&self, digest: &Digest) -> Result<Vec<u8>, StoreError>;
     /// Forgets the component at `digest` (nothing when there is none).
@@ -67,13 +68,13 @@ impl DiskStore {
 }
 
 impl ComponentStore for DiskStore {
-    fn put(&self, wasm: &[u8]) -> Result<Digest, StoreError> {
-        let digest = Digest::of(wasm);
+    fn put(&self, wasm: Spooled) -> Result<Digest, StoreError> {
+        let digest = wasm.digest().clone();
         let path = self.path(&digest);
-        // A file already there is kept only if it holds these very bytes: one damaged since is written
-        // again, not served as this upload.
-        if std::fs::read(&path).map_or(true, |kept| kept != wasm) {
-            write_atomically(&path, wasm)?;
+        // A file already there is kept only if it holds these very bytes: one damaged since is replaced,
+        // not served as this upload.
+        if std::fs::read(&path).map_or(true, |kept| Digest::of(&kept) != digest) {
+            wasm.keep_as(&path)?;
         }
         Ok(digest)
     }
@@ -333,10 +334,11 @@ impl Registry {
         &mut self,
         tenant: &str,
         agent: &str,
-        wasm: &[u8],
+        wasm: Spooled,
         uploaded_at: u64,
         activate: bool,
     ) -> Result<VersionRecord, RegistryError> {
+        let size_bytes = wasm.size();
         let digest = self.store.put(wasm)?;
         let mut index = self.index.clone();
         let record = index
@@ -349,7 +351,7 @@ impl Registry {
         let version = VersionRecord {
             version: record.next_version,
             digest,
-            size_bytes: wasm.len() as u64,
+            size_bytes,
             uploaded_at,
         };
         record.next_version += 1;
@@ -509,6 +511,13 @@ fn agent_mut<'a>(
 mod tests {
     use super::*;
 
+    /// `bytes`, received as an upload is.
+    fn spooled(bytes: &[u8]) -> Spooled {
+        let dir = std::env::temp_dir().join(format!("voicehost-spooled-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Spooled::from_bytes(&dir, bytes).unwrap()
+    }
+
     fn store(name: &str) -> DiskStore {
         let dir =
             std::env::temp_dir().join(format!("voicehost-store-{name}-{}", std::process::id()));
@@ -519,8 +528,8 @@ mod tests {
     #[test]
     fn a_component_comes_back_by_its_digest_and_is_kept_once() {
         let store = store("roundtrip");
-        let digest = store.put(b"\0asm component").unwrap();
-        assert_eq!(store.put(b"\0asm component").unwrap(), digest);
+        let digest = store.put(spooled(b"\0asm component")).unwrap();
+        assert_eq!(store.put(spooled(b"\0asm component")).unwrap(), digest);
         assert_eq!(store.get(&digest).unwrap(), b"\0asm component");
         assert_eq!(std::fs::read_dir(&store.dir).unwrap().count(), 1);
     }
@@ -530,11 +539,11 @@ mod tests {
         let store = store("damaged");
         let unknown = Digest::of(b"never stored");
         assert!(matches!(store.get(&unknown), Err(StoreError::NotFound(_))));
-        let digest = store.put(b"original").unwrap();
+        let digest = store.put(spooled(b"original")).unwrap();
         std::fs::write(store.path(&digest), b"tampered").unwrap();
         assert!(matches!(store.get(&digest), Err(StoreError::Corrupt(_))));
         // The same bytes uploaded again repair it, rather than being taken for already kept.
-        assert_eq!(store.put(b"original").unwrap(), digest);
+        assert_eq!(store.put(spooled(b"original")).unwrap(), digest);
         assert_eq!(store.get(&digest).unwrap(), b"original");
     }
 
@@ -546,10 +555,10 @@ mod tests {
     fn versions_count_from_one_and_survive_a_reopen() {
         let mut registry = registry("reopen");
         let one = registry
-            .add_version("acme", "agent_a", b"v1", 10, false)
+            .add_version("acme", "agent_a", spooled(b"v1"), 10, false)
             .unwrap();
         let two = registry
-            .add_version("acme", "agent_a", b"v2", 20, false)
+            .add_version("acme", "agent_a", spooled(b"v2"), 20, false)
             .unwrap();
         assert_eq!((one.version, two.version), (1, 2));
         registry.activate("acme", "agent_a", 2).unwrap();
@@ -569,7 +578,7 @@ mod tests {
         let mut registry = registry("rollback");
         for wasm in [b"v1", b"v2", b"v3"] {
             registry
-                .add_version("acme", "agent_a", wasm, 0, false)
+                .add_version("acme", "agent_a", spooled(wasm), 0, false)
                 .unwrap();
         }
         assert!(matches!(
@@ -589,10 +598,10 @@ mod tests {
     fn the_active_version_cannot_be_deleted_and_a_shared_component_outlives_one_owner() {
         let mut registry = registry("delete");
         let mine = registry
-            .add_version("acme", "agent_a", b"same", 0, false)
+            .add_version("acme", "agent_a", spooled(b"same"), 0, false)
             .unwrap();
         registry
-            .add_version("globex", "agent_b", b"same", 0, false)
+            .add_version("globex", "agent_b", spooled(b"same"), 0, false)
             .unwrap();
         registry.activate("acme", "agent_a", 1).unwrap();
         assert!(matches!(
@@ -614,10 +623,10 @@ mod tests {
     fn components_no_version_refers_to_are_deleted_when_the_registry_opens() {
         let mut registry = registry("orphans");
         let kept = registry
-            .add_version("acme", "agent_a", b"kept", 0, false)
+            .add_version("acme", "agent_a", spooled(b"kept"), 0, false)
             .unwrap();
         // An upload killed between storing its component and committing the index.
-        let orphan = registry.store.put(b"never committed").unwrap();
+        let orphan = registry.store.put(spooled(b"never committed")).unwrap();
         let dir = registry_dir("orphans");
         let reopened = Registry::open(Box::new(DiskStore::new(&dir).unwrap())).unwrap();
         assert_eq!(reopened.store.list().unwrap(), vec![kept.digest.clone()]);
@@ -632,7 +641,7 @@ mod tests {
     fn components_with_no_index_are_kept_when_the_registry_opens() {
         let mut registry = registry("no-index");
         let kept = registry
-            .add_version("acme", "agent_a", b"kept", 0, false)
+            .add_version("acme", "agent_a", spooled(b"kept"), 0, false)
             .unwrap();
         let dir = registry_dir("no-index");
         // A restore that has not put the index back yet, or an index deleted by hand.
@@ -646,10 +655,10 @@ mod tests {
     fn a_version_added_active_is_active_in_the_same_write() {
         let mut registry = registry("add-active");
         registry
-            .add_version("acme", "agent_a", b"v1", 0, true)
+            .add_version("acme", "agent_a", spooled(b"v1"), 0, true)
             .unwrap();
         let two = registry
-            .add_version("acme", "agent_a", b"v2", 0, true)
+            .add_version("acme", "agent_a", spooled(b"v2"), 0, true)
             .unwrap();
         let dir = registry_dir("add-active");
         let reopened = Registry::open(Box::new(DiskStore::new(&dir).unwrap())).unwrap();
@@ -666,13 +675,13 @@ mod tests {
     fn deleting_returns_the_components_no_version_needs_any_more() {
         let mut registry = registry("unused");
         let shared = registry
-            .add_version("acme", "agent_a", b"shared", 0, false)
+            .add_version("acme", "agent_a", spooled(b"shared"), 0, false)
             .unwrap();
         registry
-            .add_version("globex", "agent_b", b"shared", 0, false)
+            .add_version("globex", "agent_b", spooled(b"shared"), 0, false)
             .unwrap();
         let own = registry
-            .add_version("acme", "agent_a", b"own", 0, false)
+            .add_version("acme", "agent_a", spooled(b"own"), 0, false)
             .unwrap();
         assert_eq!(
             registry.delete_version("acme", "agent_a", 2).unwrap(),
@@ -690,7 +699,7 @@ mod tests {
     fn a_tenant_never_reaches_another_tenants_agent() {
         let mut registry = registry("tenants");
         registry
-            .add_version("acme", "agent_a", b"v1", 0, false)
+            .add_version("acme", "agent_a", spooled(b"v1"), 0, false)
             .unwrap();
         assert!(registry.agent("globex", "agent_a").is_err());
         assert!(registry.activate("globex", "agent_a", 1).is_err());

@@ -15,3 +15,4 @@ mod pressure;
 mod quota;
 mod suite;
 mod tenancy;
+mod uploads;

@@ -484,7 +484,7 @@ async fn the_served_openapi_document_describes_every_route_and_every_route_answe
                 .map(move |method| (method.clone(), path.clone()))
         })
         .collect();
-    assert_eq!(routes.len(), 13, "{routes:?}");
+    assert_eq!(routes.len(), 14, "{routes:?}");
     for (method, path) in &routes {
         let path = path
             .replace("{agent_id}", "agent_none")
