@@ -457,7 +457,9 @@ async fn deleting_an_agent_closes_its_connections_and_forgets_it() {
         .api("GET", "/v1/agents/agent_acme", Some(ACME_TOKEN), vec![])
         .await;
     assert_eq!(status, 404);
+    // Its component and its compiled form go with it (no other version holds them).
     assert_eq!(hosting.files("components"), Vec::<String>::new());
+    assert_eq!(hosting.files("compiled"), Vec::<String>::new());
     let text = hosting.metrics().await;
     assert!(!text.contains("agent_acme"), "{text}");
     hosting.finish().await;
