@@ -445,7 +445,9 @@ fn detail(error: wasmtime::Error) -> String {
 /// (`limits::MAX_TABLE_ELEMENTS`, `MAX_MEMORIES_PER_COMPONENT`, …). wasmtime gives this no error type of its
 /// own: its message is matched (wasmtime is pinned; a test uploads such a component).
 fn over_instance_limits(why: &str) -> bool {
-    why.contains("does not fit in pooling allocator requirements")
+    // "… does not fit in pooling allocator requirements" (a module's), "… exceeds the configured maximum
+    // of N in the pooling allocator" (the component's counts).
+    why.contains("pooling allocator")
 }
 
 /// A component's bytes to compile: in memory, or in a file (an upload received into one) that stays until

@@ -3,6 +3,7 @@
 //! tenant uploads, activates, reads and takes calls; nothing of a stopped compile stays behind.
 
 use std::time::{Duration, Instant};
+use voicehost::sandbox::LoadError;
 use voicehost_testkit::{metric, Hosting, ACME_TOKEN, GLOBEX_TOKEN};
 
 /// A component whose one function Cranelift takes minutes to compile (measured: 40,000 statements took over
@@ -379,9 +380,15 @@ async fn a_component_declaring_more_tables_or_memories_than_an_instance_may_have
     let big_table =
         "(component (core module (table 200000 funcref)) (core instance (instantiate 0)))";
     let memories = "(component (core module (memory 1) (memory 1)))";
+    // Five instances of a module with one memory: each module fits, the component does not (4 at most).
+    let instances = format!(
+        "(component (core module $m (memory 1)) {})",
+        "(core instance (instantiate $m)) ".repeat(5)
+    );
     for (text, limit) in [
         (big_table, "exceeds the limit of 100000"),
         (memories, "memories"),
+        (instances.as_str(), "5 Wasm linear memories"),
     ] {
         let wasm = wat::parse_str(text).unwrap();
         // In a compiling child (serve), and in this process (`voicehost run`): the same refusal.
@@ -391,8 +398,16 @@ async fn a_component_declaring_more_tables_or_memories_than_an_instance_may_have
             "{message}"
         );
         let here = voicehost_testkit::sandbox().load(&wasm).err().unwrap();
-        assert!(here.to_string().contains(limit), "{here}");
+        assert!(
+            matches!(&here, LoadError::OverInstanceLimits(why) if why.contains(limit)),
+            "{here:?}"
+        );
     }
+    assert!(
+        hosting.files("uploads").is_empty(),
+        "{:?}",
+        hosting.files("uploads")
+    );
     let (status, _) = hosting
         .api("GET", "/v1/agents/agent_declared", Some(ACME_TOKEN), vec![])
         .await;
