@@ -218,10 +218,15 @@ impl Spooled {
         self.size
     }
 
-    /// Moves the file to `path` (blocking) as [`write_atomically`] writes one: flushed to disk, renamed,
-    /// the directory flushed; copied if `path` is on another file system.
+    /// Flushes the file to disk (blocking), so that [`Spooled::keep_as`] has little left to do.
+    pub fn sync(&self) -> std::io::Result<()> {
+        std::fs::File::open(self.path())?.sync_all()
+    }
+
+    /// Moves the file to `path` (blocking) as [`write_atomically`] writes one: flushed to disk, renamed
+    /// (over a file already there), the directory flushed; copied if `path` is on another file system.
     pub fn keep_as(self, path: &Path) -> std::io::Result<()> {
-        std::fs::File::open(self.path())?.sync_all()?;
+        self.sync()?;
         if std::fs::rename(self.path(), path).is_err() {
             let copy = TempFile::new_in(path.parent().unwrap_or(Path::new(".")), "copy");
             std::fs::copy(self.path(), copy.path())?;

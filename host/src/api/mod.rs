@@ -496,6 +496,17 @@ async fn upload(
             format!("the component is over this tenant's cap of {cap} bytes"),
         )
     };
+    let activate = match query.as_deref() {
+        None | Some("") | Some("activate=false") => false,
+        Some("activate=true") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown query {other:?}: only `activate=true` or `activate=false`"
+            )))
+        }
+    };
+    // Refused before the body is read when the agent id, or the tenant's quota, already refuses it.
+    tenancy.upload_may_start(&tenant, &agent_id).await?;
     // A body over the cap is refused without being kept; a slow one is given up at the deadline. It is
     // received into a file, never held in memory; an upload refused or abandoned leaves no file.
     let timeout = tenancy.upload_timeout();
@@ -523,15 +534,6 @@ async fn upload(
             "the body is empty: send the component's bytes",
         ));
     }
-    let activate = match query.as_deref() {
-        None | Some("") | Some("activate=false") => false,
-        Some("activate=true") => true,
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "unknown query {other:?}: only `activate=true` or `activate=false`"
-            )))
-        }
-    };
     let version = tenancy.upload(&tenant, &agent_id, wasm, activate).await?;
     Ok((StatusCode::CREATED, Json(version_view(&version, activate))))
 }

@@ -265,12 +265,14 @@ impl Sandbox {
             .resources_required()
             .and_then(|needs| needs.max_initial_memory_size)
             .map_or(0, |pages| pages.saturating_mul(64 << 10));
+        let image = component.image_range();
         Ok(AgentCode {
             engine: self.engine.clone(),
             pre,
             pre_without_http,
             cached: from_cache,
             least_memory_bytes,
+            compiled_bytes: (image.end.addr() - image.start.addr()) as u64,
         })
     }
 
@@ -314,14 +316,6 @@ impl Sandbox {
             removed += 1;
         }
         Ok(removed)
-    }
-
-    /// The size of the compiled form of `digest` in the cache: 0 when it is not there (or there is no
-    /// cache).
-    pub fn compiled_bytes(&self, digest: &Digest) -> u64 {
-        self.cache_path(digest)
-            .and_then(|path| std::fs::metadata(path).ok())
-            .map_or(0, |meta| meta.len())
     }
 
     /// Deletes the compiled form of a component no version refers to any more.
@@ -495,12 +489,18 @@ pub struct AgentCode {
     pub(super) pre_without_http: bindings::AgentPre<HostState>,
     cached: bool,
     least_memory_bytes: u64,
+    compiled_bytes: u64,
 }
 
 impl AgentCode {
     /// Whether the compiled code came from the cache rather than a compilation.
     pub fn from_cache(&self) -> bool {
         self.cached
+    }
+
+    /// The size of the compiled code (its image, as the cache keeps it), in bytes.
+    pub fn compiled_bytes(&self) -> u64 {
+        self.compiled_bytes
     }
 
     /// Why an instance of this code could never start under `limits`, if so: the initial size its largest

@@ -421,6 +421,15 @@ impl Tenancy {
         self.upload_timeout
     }
 
+    /// What can be refused before an upload's body is read: an agent id Sent cannot know, and a tenant
+    /// already at its quota of versions. (Its bytes count once its digest is known.)
+    pub async fn upload_may_start(&self, tenant: &str, agent: &str) -> Result<(), ServeError> {
+        check_agent_id(agent)?;
+        let mut usage = self.registry.lock().await.usage(tenant, None);
+        usage.versions += 1;
+        self.check_quota(tenant, &usage)
+    }
+
     /// A new file to receive an upload into (deleted when the upload is dropped unfinished).
     pub async fn spool(&self) -> Result<Spool, ServeError> {
         Spool::create(&self.uploads_dir).await.map_err(|e| {
@@ -440,15 +449,12 @@ impl Tenancy {
     ) -> Result<VersionRecord, ServeError> {
         check_agent_id(agent)?;
         let digest = wasm.digest().clone();
-        let adding = (&digest, wasm.size());
+        let size = wasm.size();
         let known = {
             let registry = self.registry.lock().await;
             // Before compiling: over its versions or stored bytes, the upload costs no compile. Its
-            // compiled form is not counted yet (whether another tenant's is cached must not show).
-            let usage = registry.usage(tenant, Some(adding), |d| match d == &digest {
-                true => 0,
-                false => self.sandbox.compiled_bytes(d),
-            });
+            // compiled size is not known yet.
+            let usage = registry.usage(tenant, Some((&digest, size, 0)));
             self.check_quota(tenant, &usage)?;
             // The compiled cache is shared by content, so a tenant's upload compiles unless the tenant
             // itself has uploaded these bytes before: how long it takes says nothing of other tenants'.
@@ -462,17 +468,22 @@ impl Tenancy {
                 known,
             )
             .await?;
+        // Flushed to disk before the lock is taken: storing it under the lock is then a rename.
+        let wasm = blocking(move || wasm.sync().map(|()| wasm))
+            .await?
+            .map_err(|e| ServeError::Internal(format!("cannot write the upload down: {e}")))?;
         let mut registry = self.registry.lock().await;
         // Under the lock, with the limits and the tenant's other uploads as they are now (a reload may
-        // have lowered them, another upload may have been stored meanwhile); its compiled form counted.
-        let usage = registry.usage(tenant, Some(adding), |d| self.sandbox.compiled_bytes(d));
+        // have lowered them, another upload may have been stored meanwhile); its compiled size counted.
+        let compiled = code.compiled_bytes();
+        let usage = registry.usage(tenant, Some((&digest, size, compiled)));
         let stored = self
             .check_quota(tenant, &usage)
             .and_then(|()| self.check_fits(tenant, agent, &code))
             .and_then(|()| {
                 // Stored and made active in one write of the index: a crash never leaves it stored but
                 // inactive.
-                Ok(registry.add_version(tenant, agent, wasm, unix_now(), activate)?)
+                Ok(registry.add_version(tenant, agent, wasm, compiled, unix_now(), activate)?)
             });
         let version = match stored {
             Ok(version) => version,
@@ -755,7 +766,7 @@ impl Tenancy {
     /// What the tenant keeps now.
     pub async fn usage(&self, tenant: &str) -> Usage {
         let registry = self.registry.lock().await;
-        registry.usage(tenant, None, |d| self.sandbox.compiled_bytes(d))
+        registry.usage(tenant, None)
     }
 
     fn check_fits(&self, tenant: &str, agent: &str, code: &AgentCode) -> Result<(), ServeError> {

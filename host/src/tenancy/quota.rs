@@ -1,6 +1,6 @@
 //! What one tenant may keep on the host's disk: versions, the bytes of its components and of their compiled
 //! forms ([`Quota`], from `[quota]` and `[tenants.quota]`), and what it keeps now ([`Usage`]). An upload that
-//! would take the tenant over any of them is refused (`422 over_quota`) before it is stored; deleting
+//! would take the tenant over any of them is refused (`409 over_quota`) before it is stored; deleting
 //! versions makes room.
 //!
 //! A tenant is charged for each component its versions hold once (two versions of the same bytes are one

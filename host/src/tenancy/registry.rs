@@ -70,12 +70,8 @@ impl DiskStore {
 impl ComponentStore for DiskStore {
     fn put(&self, wasm: Spooled) -> Result<Digest, StoreError> {
         let digest = wasm.digest().clone();
-        let path = self.path(&digest);
-        // A file already there is kept only if it holds these very bytes: one damaged since is replaced,
-        // not served as this upload.
-        if std::fs::read(&path).map_or(true, |kept| Digest::of(&kept) != digest) {
-            wasm.keep_as(&path)?;
-        }
+        // Renamed over a file already there: the same bytes, or a damaged copy repaired; never read back.
+        wasm.keep_as(&self.path(&digest))?;
         Ok(digest)
     }
 
@@ -137,6 +133,10 @@ pub struct VersionRecord {
     pub digest: Digest,
     /// The component's size in bytes.
     pub size_bytes: u64,
+    /// The size of its compiled code when it was uploaded, in bytes (0 for versions uploaded before it
+    /// was recorded).
+    #[serde(default)]
+    pub compiled_bytes: u64,
     /// Unix seconds.
     pub uploaded_at: u64,
 }
@@ -269,29 +269,24 @@ impl Registry {
         })
     }
 
-    /// What the tenant keeps, with a version of `adding` (its digest and size) counted too when given: its
-    /// versions, and each component they hold once, at its size and at `compiled`'s size of its compiled
-    /// form.
-    pub fn usage(
-        &self,
-        tenant: &str,
-        adding: Option<(&Digest, u64)>,
-        compiled: impl Fn(&Digest) -> u64,
-    ) -> Usage {
-        let mut components = BTreeMap::new();
+    /// What the tenant keeps, with `adding` (a version's digest, size and compiled size) counted too when
+    /// given: its versions, and each component they hold once, at its size and its compiled size as
+    /// recorded.
+    pub fn usage(&self, tenant: &str, adding: Option<(&Digest, u64, u64)>) -> Usage {
+        // Digest → (size, compiled size): a component held by several versions counts once.
+        let mut components: BTreeMap<&Digest, (u64, u64)> = BTreeMap::new();
         let mut versions = 0;
-        for version in self.agents(tenant).flat_map(|(_, record)| &record.versions) {
+        let held = self.agents(tenant).flat_map(|(_, record)| &record.versions);
+        let held = held.map(|v| (&v.digest, v.size_bytes, v.compiled_bytes));
+        for (digest, size, compiled) in held.chain(adding) {
             versions += 1;
-            components.insert(&version.digest, version.size_bytes);
-        }
-        if let Some((digest, size)) = adding {
-            versions += 1;
-            components.insert(digest, size);
+            let counted = components.entry(digest).or_default();
+            *counted = (size, counted.1.max(compiled));
         }
         Usage {
             versions,
-            stored_bytes: components.values().sum(),
-            compiled_bytes: components.keys().map(|digest| compiled(digest)).sum(),
+            stored_bytes: components.values().map(|(size, _)| size).sum(),
+            compiled_bytes: components.values().map(|(_, compiled)| compiled).sum(),
         }
     }
 
@@ -335,6 +330,7 @@ impl Registry {
         tenant: &str,
         agent: &str,
         wasm: Spooled,
+        compiled_bytes: u64,
         uploaded_at: u64,
         activate: bool,
     ) -> Result<VersionRecord, RegistryError> {
@@ -352,6 +348,7 @@ impl Registry {
             version: record.next_version,
             digest,
             size_bytes,
+            compiled_bytes,
             uploaded_at,
         };
         record.next_version += 1;
@@ -555,10 +552,10 @@ mod tests {
     fn versions_count_from_one_and_survive_a_reopen() {
         let mut registry = registry("reopen");
         let one = registry
-            .add_version("acme", "agent_a", spooled(b"v1"), 10, false)
+            .add_version("acme", "agent_a", spooled(b"v1"), 0, 10, false)
             .unwrap();
         let two = registry
-            .add_version("acme", "agent_a", spooled(b"v2"), 20, false)
+            .add_version("acme", "agent_a", spooled(b"v2"), 0, 20, false)
             .unwrap();
         assert_eq!((one.version, two.version), (1, 2));
         registry.activate("acme", "agent_a", 2).unwrap();
@@ -578,7 +575,7 @@ mod tests {
         let mut registry = registry("rollback");
         for wasm in [b"v1", b"v2", b"v3"] {
             registry
-                .add_version("acme", "agent_a", spooled(wasm), 0, false)
+                .add_version("acme", "agent_a", spooled(wasm), 0, 0, false)
                 .unwrap();
         }
         assert!(matches!(
@@ -598,10 +595,10 @@ mod tests {
     fn the_active_version_cannot_be_deleted_and_a_shared_component_outlives_one_owner() {
         let mut registry = registry("delete");
         let mine = registry
-            .add_version("acme", "agent_a", spooled(b"same"), 0, false)
+            .add_version("acme", "agent_a", spooled(b"same"), 0, 0, false)
             .unwrap();
         registry
-            .add_version("globex", "agent_b", spooled(b"same"), 0, false)
+            .add_version("globex", "agent_b", spooled(b"same"), 0, 0, false)
             .unwrap();
         registry.activate("acme", "agent_a", 1).unwrap();
         assert!(matches!(
@@ -623,7 +620,7 @@ mod tests {
     fn components_no_version_refers_to_are_deleted_when_the_registry_opens() {
         let mut registry = registry("orphans");
         let kept = registry
-            .add_version("acme", "agent_a", spooled(b"kept"), 0, false)
+            .add_version("acme", "agent_a", spooled(b"kept"), 0, 0, false)
             .unwrap();
         // An upload killed between storing its component and committing the index.
         let orphan = registry.store.put(spooled(b"never committed")).unwrap();
@@ -641,7 +638,7 @@ mod tests {
     fn components_with_no_index_are_kept_when_the_registry_opens() {
         let mut registry = registry("no-index");
         let kept = registry
-            .add_version("acme", "agent_a", spooled(b"kept"), 0, false)
+            .add_version("acme", "agent_a", spooled(b"kept"), 0, 0, false)
             .unwrap();
         let dir = registry_dir("no-index");
         // A restore that has not put the index back yet, or an index deleted by hand.
@@ -655,10 +652,10 @@ mod tests {
     fn a_version_added_active_is_active_in_the_same_write() {
         let mut registry = registry("add-active");
         registry
-            .add_version("acme", "agent_a", spooled(b"v1"), 0, true)
+            .add_version("acme", "agent_a", spooled(b"v1"), 0, 0, true)
             .unwrap();
         let two = registry
-            .add_version("acme", "agent_a", spooled(b"v2"), 0, true)
+            .add_version("acme", "agent_a", spooled(b"v2"), 0, 0, true)
             .unwrap();
         let dir = registry_dir("add-active");
         let reopened = Registry::open(Box::new(DiskStore::new(&dir).unwrap())).unwrap();
@@ -675,13 +672,13 @@ mod tests {
     fn deleting_returns_the_components_no_version_needs_any_more() {
         let mut registry = registry("unused");
         let shared = registry
-            .add_version("acme", "agent_a", spooled(b"shared"), 0, false)
+            .add_version("acme", "agent_a", spooled(b"shared"), 0, 0, false)
             .unwrap();
         registry
-            .add_version("globex", "agent_b", spooled(b"shared"), 0, false)
+            .add_version("globex", "agent_b", spooled(b"shared"), 0, 0, false)
             .unwrap();
         let own = registry
-            .add_version("acme", "agent_a", spooled(b"own"), 0, false)
+            .add_version("acme", "agent_a", spooled(b"own"), 0, 0, false)
             .unwrap();
         assert_eq!(
             registry.delete_version("acme", "agent_a", 2).unwrap(),
@@ -699,7 +696,7 @@ mod tests {
     fn a_tenant_never_reaches_another_tenants_agent() {
         let mut registry = registry("tenants");
         registry
-            .add_version("acme", "agent_a", spooled(b"v1"), 0, false)
+            .add_version("acme", "agent_a", spooled(b"v1"), 0, 0, false)
             .unwrap();
         assert!(registry.agent("globex", "agent_a").is_err());
         assert!(registry.activate("globex", "agent_a", 1).is_err());

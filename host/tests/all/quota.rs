@@ -151,6 +151,20 @@ async fn uploads_over_the_tenants_stored_or_compiled_bytes_are_refused_and_leave
     // Another tenant is not charged for acme's bytes, even the same ones.
     let (status, answer) = upload(&hosting, GLOBEX_TOKEN, "agent_globex", variant(1, 0)).await;
     assert_eq!(status, 201, "{answer}");
-    assert_eq!(usage(&hosting, GLOBEX_TOKEN).await["usage"]["versions"], 1);
+    let globex = usage(&hosting, GLOBEX_TOKEN).await;
+    assert_eq!(globex["usage"]["versions"], 1, "{globex}");
+    assert_eq!(
+        globex["usage"]["stored_bytes"],
+        variant(1, 0).len(),
+        "{globex}"
+    );
+    let compiled = globex["usage"]["compiled_bytes"].as_u64().unwrap();
+    assert!(compiled > 0 && compiled <= 1 << 20, "{globex}");
+    // Nothing of the refused uploads was left where uploads are received.
+    assert!(
+        hosting.files("uploads").is_empty(),
+        "{:?}",
+        hosting.files("uploads")
+    );
     hosting.finish().await;
 }
