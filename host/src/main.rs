@@ -312,12 +312,16 @@ async fn serve_until_stopped(
                         let config = match ServeConfig::read(path) {
                             Ok(config) => config,
                             Err(error) => {
-                                tracing::error!(error = %format!("{error:#}"), "the config was not reloaded: nothing changed");
+                                tracing::error!(error = %format!("{error:#}"), "the config was not reloaded: its tenants and limits are unchanged");
+                                // A renewed certificate is still taken, from the files already named.
+                                if let Some(cert) = tls {
+                                    reload_certificate(cert, Some(cert.files()));
+                                }
                                 continue;
                             }
                         };
                         if let Err(error) = tenancy.reload(&config).await {
-                            tracing::error!(error = %format!("{error:#}"), "the config was not reloaded: nothing changed");
+                            tracing::error!(error = %format!("{error:#}"), "the config was not reloaded: its tenants and limits are unchanged");
                         }
                         match tls {
                             Some(cert) => reload_certificate(cert, config.admin.tls()),

@@ -33,6 +33,9 @@ pub struct ListenerLimits {
     pub head_timeout: Duration,
     /// How long a connection may stay open at all, whatever it does.
     pub max_age: Duration,
+    /// TLS handshakes begun per second, from everyone (in bursts of as many): each costs a signature on
+    /// the workers that carry the calls, so connections past it are closed at once.
+    pub handshakes_per_second: u32,
 }
 
 /// The config's `[admin]` settings (defaults: 256 connections, a quarter of a usual 1,024-descriptor limit,
@@ -44,6 +47,7 @@ impl From<&AdminConfig> for ListenerLimits {
             per_client: admin.max_connections_per_client,
             head_timeout: Duration::from_secs(admin.head_timeout_seconds),
             max_age: Duration::from_secs(admin.connection_max_seconds),
+            handshakes_per_second: admin.tls_handshakes_per_second,
         }
     }
 }
@@ -59,6 +63,9 @@ pub async fn serve(
     stop: impl Future<Output = ()>,
 ) {
     let tls = tls.map(|cert| cert.acceptor());
+    let handshakes = governor::DefaultDirectRateLimiter::direct(governor::Quota::per_second(
+        std::num::NonZeroU32::new(limits.handshakes_per_second.max(1)).expect("not zero"),
+    ));
     let open = Arc::new(Semaphore::new(limits.connections));
     let clients = Arc::new(Clients::default());
     let graceful = GracefulShutdown::new();
@@ -89,6 +96,11 @@ pub async fn serve(
             tracing::debug!(%peer, "admin connection refused: the client has too many open");
             continue;
         };
+        if tls.is_some() && handshakes.check().is_err() {
+            refused();
+            tracing::debug!(%peer, "admin connection refused: too many TLS handshakes this second");
+            continue;
+        }
         let service = router.clone().layer(axum::Extension(ConnectInfo(peer)));
         let service = TowerToHyperService::new(service);
         let (http, watcher, tls) = (http.clone(), graceful.watcher(), tls.clone());

@@ -47,6 +47,18 @@ impl AdminUrl {
             bail!("the admin URL {text} must not have a query (?…)");
         }
         let host = uri.host().context("the admin URL has no host")?;
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let loopback = bare.eq_ignore_ascii_case("localhost")
+            || bare
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if !tls && !loopback {
+            // The token would cross the network in clear (and `serve` answers plain HTTP on loopback only).
+            bail!(
+                "the admin URL {text} is plain http:// to another machine: use https:// (the host \
+                 serves TLS with [admin] tls_cert), or an SSH tunnel to its loopback address"
+            );
+        }
         Ok(AdminUrl {
             tls,
             host: host
@@ -348,13 +360,21 @@ mod tests {
         assert_eq!(url.target("/v1/agents"), "/v1/agents");
         assert_eq!(url.url("/v1/agents"), "http://127.0.0.1:7070/v1/agents");
 
-        let url = AdminUrl::parse("http://admin.internal/voicehost/").unwrap();
-        assert_eq!((url.host.as_str(), url.port), ("admin.internal", 80));
+        let url = AdminUrl::parse("https://admin.internal/voicehost/").unwrap();
+        assert_eq!((url.host.as_str(), url.port), ("admin.internal", 443));
         assert_eq!(url.target("/v1/sessions"), "/voicehost/v1/sessions");
         assert_eq!(
             url.url("/v1/sessions"),
-            "http://admin.internal/voicehost/v1/sessions"
+            "https://admin.internal/voicehost/v1/sessions"
         );
+        let error = AdminUrl::parse("http://admin.internal:7070")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("plain http:// to another machine"),
+            "{error}"
+        );
+        assert!(AdminUrl::parse("http://localhost:7070").is_ok());
 
         let url = AdminUrl::parse("http://[::1]:7070").unwrap();
         assert_eq!((url.host.as_str(), url.port), ("::1", 7070));

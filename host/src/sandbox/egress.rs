@@ -11,10 +11,39 @@
 //! Redirects are never followed by the host (`wasi:http` hands a 3xx to the guest); a guest that follows
 //! one makes a new request, checked like the first.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::time::Duration;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs as _};
 use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use wasmtime_wasi_http::Error;
+
+/// Name lookups in progress at once, over every agent. A lookup runs on a blocking thread that cannot be
+/// stopped (getaddrinfo): its place is given back when the lookup returns, not when the request gives
+/// up, so a slow resolver can fill these places but never the host's blocking threads.
+pub const MAX_LOOKUPS: usize = 64;
+
+static LOOKUPS: Semaphore = Semaphore::const_new(MAX_LOOKUPS);
+
+/// The addresses `host` resolves to, by the system's resolver, in one of the [`MAX_LOOKUPS`] places.
+async fn lookup(host: &str, port: u16) -> Result<Vec<SocketAddr>, Error> {
+    let dns_error = || Error::DnsError {
+        rcode: None,
+        info_code: None,
+    };
+    let place = LOOKUPS.acquire().await.map_err(|_| dns_error())?;
+    let host = host.to_string();
+    let resolved = tokio::task::spawn_blocking(move || {
+        let _place = place;
+        (host.as_str(), port)
+            .to_socket_addrs()
+            .map(Iterator::collect)
+    })
+    .await;
+    match resolved {
+        Ok(Ok(addresses)) => Ok(addresses),
+        _ => Err(dns_error()),
+    }
+}
 
 /// Which addresses a request may connect to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,14 +55,16 @@ pub enum Reach {
 }
 
 /// IPv4 ranges that are not the public internet (RFC 6890 and its successors): this network, private
-/// networks, shared address space (carrier NAT; Alibaba's metadata service), loopback, link-local (most
-/// clouds' metadata service, 169.254.169.254), IETF protocol assignments, documentation, the 6to4 relay,
+/// networks, shared address space (carrier NAT; Alibaba's metadata service), loopback, Azure's host
+/// endpoint (WireServer, 168.63.129.16: public, but the host's own), link-local (most clouds' metadata
+/// service, 169.254.169.254), IETF protocol assignments, documentation, the 6to4 relay,
 /// benchmarking, multicast, reserved and broadcast.
 const IPV4_NOT_PUBLIC: &[(Ipv4Addr, u8)] = &[
     (Ipv4Addr::new(0, 0, 0, 0), 8),
     (Ipv4Addr::new(10, 0, 0, 0), 8),
     (Ipv4Addr::new(100, 64, 0, 0), 10),
     (Ipv4Addr::new(127, 0, 0, 0), 8),
+    (Ipv4Addr::new(168, 63, 129, 16), 32),
     (Ipv4Addr::new(169, 254, 0, 0), 16),
     (Ipv4Addr::new(172, 16, 0, 0), 12),
     (Ipv4Addr::new(192, 0, 0, 0), 24),
@@ -114,26 +145,20 @@ pub fn literal(host: &str) -> Option<IpAddr> {
 }
 
 /// A TCP connection to `host:port` (`host` as in the request's URI), to an address `reach` permits,
-/// within `timeout` for the lookup and the connection together. Every permitted address is tried in the
+/// by `deadline` for the lookup and the connection together. Every permitted address is tried in the
 /// resolver's order. A name whose addresses are all refused fails with
-/// `error-code::destination-IP-prohibited`, logged with the host and port only.
+/// `error-code::destination-IP-prohibited`, and `refused` is told (it logs with the host and port only).
 pub async fn connect(
     host: &str,
     port: u16,
     reach: Reach,
-    timeout: Duration,
-    session: &str,
+    deadline: Instant,
+    refused: impl FnOnce(),
 ) -> Result<TcpStream, Error> {
     let attempt = async {
         let addresses: Vec<SocketAddr> = match literal(host) {
             Some(ip) => vec![SocketAddr::new(ip, port)],
-            None => tokio::net::lookup_host((host, port))
-                .await
-                .map_err(|_| Error::DnsError {
-                    rcode: None,
-                    info_code: None,
-                })?
-                .collect(),
+            None => lookup(host, port).await?,
         };
         if addresses.is_empty() {
             return Err(Error::DestinationNotFound);
@@ -144,13 +169,7 @@ pub async fn connect(
             .filter(|a| reach == Reach::Any || is_public(a.ip()))
             .collect();
         if permitted.is_empty() {
-            tracing::warn!(
-                session,
-                host = super::guest_log::clip(host),
-                port,
-                "an agent's HTTP request was denied: its host resolves only to non-public addresses \
-                 (allow them with [tenants.http] allow_private)"
-            );
+            refused();
             return Err(Error::DestinationIpProhibited);
         }
         let mut last = None;
@@ -162,7 +181,7 @@ pub async fn connect(
         }
         Err(last.map_or(Error::DestinationUnavailable, Error::Connect))
     };
-    match tokio::time::timeout(timeout, attempt).await {
+    match tokio::time::timeout_at(deadline, attempt).await {
         Ok(result) => result,
         Err(_) => Err(Error::ConnectionTimeout),
     }
@@ -187,6 +206,7 @@ mod tests {
             "172.31.255.255",
             "192.168.1.1",
             "169.254.169.254",
+            "168.63.129.16",
             "100.100.100.200",
             "100.64.0.1",
             "192.0.0.192",
@@ -250,15 +270,17 @@ mod tests {
     async fn a_name_that_resolves_to_loopback_is_refused_unless_any_address_is_allowed() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let limit = Duration::from_secs(5);
-        let refused = connect("localhost", port, Reach::Public, limit, "test").await;
+        let by = || Instant::now() + std::time::Duration::from_secs(5);
+        let mut told = false;
+        let refused = connect("localhost", port, Reach::Public, by(), || told = true).await;
         assert!(
             matches!(refused, Err(Error::DestinationIpProhibited)),
             "{refused:?}"
         );
-        let reached = connect("localhost", port, Reach::Any, limit, "test").await;
+        assert!(told);
+        let reached = connect("localhost", port, Reach::Any, by(), || panic!("refused")).await;
         assert!(reached.is_ok(), "{reached:?}");
-        let literal = connect("127.0.0.1", port, Reach::Any, limit, "test").await;
+        let literal = connect("127.0.0.1", port, Reach::Any, by(), || panic!("refused")).await;
         assert!(literal.is_ok(), "{literal:?}");
     }
 }

@@ -224,7 +224,7 @@ pub enum OriginError {
     Port(String),
     /// A host with characters other than ASCII letters, digits, `-` and `.`, or a bracketed IPv6 address that
     /// does not parse.
-    #[error("{0:?} is not an origin: the host may hold only ASCII letters, digits, '-' and '.' (an internationalised name in its xn-- form), or an IP address")]
+    #[error("{0:?} is not an origin: the host may hold only ASCII letters, digits, '-' and '.' (an internationalised name in its xn-- form), or an IP address (an IPv4 address written whole, like 127.0.0.1: a name ending in a number is taken for one)")]
     Host(String),
 }
 
@@ -325,6 +325,15 @@ fn normalize_host(host: &str) -> Result<String, ()> {
         && host
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    // A name whose last label is a number is an IPv4 address to resolvers and URL parsers (`127.1`,
+    // `2130706433`, `0x7f.1`, `0177.0.0.1`): only the canonical dotted quad is one here.
+    let last = host.rsplit('.').next().unwrap_or_default();
+    let numeric = !last.is_empty()
+        && (last.bytes().all(|b| b.is_ascii_digit())
+            || last.get(..2).is_some_and(|p| p.eq_ignore_ascii_case("0x")));
+    if numeric && host.parse::<std::net::Ipv4Addr>().is_err() {
+        return Err(());
+    }
     if valid {
         Ok(host.to_ascii_lowercase())
     } else {
@@ -336,8 +345,37 @@ fn normalize_host(host: &str) -> Result<String, ()> {
 pub struct PolicyHooks {
     policy: Arc<HttpPolicy>,
     open: Arc<AtomicUsize>,
-    /// The call whose instance makes the requests, for the log.
+    refusals: Arc<Refusals>,
+}
+
+/// The log of an instance's refused requests: the first at warn, the rest at debug, so that a guest
+/// looping over refused requests cannot flood the host's log.
+struct Refusals {
+    /// The call whose instance makes the requests.
     session: String,
+    warned: std::sync::atomic::AtomicBool,
+}
+
+impl Refusals {
+    /// Logs a refused request to `host:port` (never its path, query or headers), and why.
+    fn log(&self, host: &str, port: u16, why: &str) {
+        let host = super::guest_log::clip(host);
+        if self.warned.swap(true, Ordering::Relaxed) {
+            tracing::debug!(
+                session = self.session,
+                host,
+                port,
+                "an agent's HTTP request was refused: {why}"
+            );
+        } else {
+            tracing::warn!(
+                session = self.session,
+                host,
+                port,
+                "an agent's HTTP request was refused: {why} (the call's further refusals are logged at debug)"
+            );
+        }
+    }
 }
 
 impl PolicyHooks {
@@ -346,7 +384,10 @@ impl PolicyHooks {
         PolicyHooks {
             policy,
             open: Arc::new(AtomicUsize::new(0)),
-            session: session.into(),
+            refusals: Arc::new(Refusals {
+                session: session.into(),
+                warned: Default::default(),
+            }),
         }
     }
 
@@ -366,13 +407,8 @@ impl PolicyHooks {
         // A user name in the authority is never allowed: the host is checked and connected to as one
         // string, with nothing for two parsers to read differently.
         if authority.as_str().contains('@') || !self.policy.allows(scheme, host, port) {
-            tracing::warn!(
-                session = self.session,
-                scheme = scheme.as_str(),
-                host = super::guest_log::clip(host),
-                port,
-                "an agent's HTTP request was denied: its origin is not on the allowlist"
-            );
+            self.refusals
+                .log(host, port, "its origin is not on the allowlist");
             return Err(Error::HttpRequestDenied);
         }
         Ok(Target {
@@ -440,16 +476,13 @@ impl WasiHttpHooks for PolicyHooks {
             Err(error) => return Box::new(async move { Err(error) }),
         };
         let Some(slot) = Slot::take(&self.open) else {
-            tracing::warn!(
-                session = self.session,
-                limit = MAX_OPEN_REQUESTS,
-                "an agent's HTTP request was refused: too many requests open"
-            );
+            let why = format!("it has {MAX_OPEN_REQUESTS} requests open, as many as it may");
+            self.refusals.log(&target.host, target.port, &why);
             return Box::new(async { Err(Error::ConnectionLimitReached) });
         };
         let policy = self.policy.clone();
-        let session = self.session.clone();
-        Box::new(send(request, options, policy, target, session, slot))
+        let refusals = self.refusals.clone();
+        Box::new(send(request, options, policy, target, refusals, slot))
     }
 }
 
@@ -458,19 +491,31 @@ async fn send(
     options: Option<RequestOptions>,
     policy: Arc<HttpPolicy>,
     target: Target,
-    session: String,
+    refusals: Arc<Refusals>,
     slot: Slot,
 ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
     let guest = options.unwrap_or_default();
-    let connect = bounded(guest.connect_timeout, policy.timeout);
+    // One deadline for the lookup, the connection, TLS and HTTP's handshake together.
+    let connected_by = tokio::time::Instant::now() + bounded(guest.connect_timeout, policy.timeout);
     let first_byte = bounded(guest.first_byte_timeout, policy.timeout);
     let between_bytes = bounded(guest.between_bytes_timeout, policy.timeout);
     let cap = policy.max_response_bytes;
     let head = request.method() == Method::HEAD;
     let exchange = async move {
-        let stream =
-            egress::connect(&target.host, target.port, target.reach, connect, &session).await?;
-        let (response, io) = exchange(request, stream, &target, connect, first_byte).await?;
+        let refused = || {
+            let why = "its host resolves only to non-public addresses (allow them with \
+                       [tenants.http] allow_private)";
+            refusals.log(&target.host, target.port, why);
+        };
+        let stream = egress::connect(
+            &target.host,
+            target.port,
+            target.reach,
+            connected_by,
+            refused,
+        )
+        .await?;
+        let (response, io) = exchange(request, stream, &target, connected_by, first_byte).await?;
         let bodiless = head
             || response.status().is_informational()
             || response.status() == StatusCode::NO_CONTENT
@@ -509,7 +554,7 @@ async fn exchange(
     mut request: http::Request<WasiBody>,
     stream: tokio::net::TcpStream,
     target: &Target,
-    connect: Duration,
+    connected_by: tokio::time::Instant,
     first_byte: Duration,
 ) -> Result<(http::Response<hyper::body::Incoming>, IoFuture), Error> {
     let stream: Box<dyn Stream> = if target.tls {
@@ -519,7 +564,7 @@ async fn exchange(
                 ServerName::try_from(target.host.clone()).map_err(Error::InvalidDnsNameError)?
             }
         };
-        let tls = tokio::time::timeout(connect, tls_connector().connect(name, stream))
+        let tls = tokio::time::timeout_at(connected_by, tls_connector().connect(name, stream))
             .await
             .map_err(|_| Error::ConnectionTimeout)?
             .map_err(Error::Tls)?;
@@ -527,8 +572,8 @@ async fn exchange(
     } else {
         Box::new(stream)
     };
-    let (mut sender, connection) = tokio::time::timeout(
-        connect,
+    let (mut sender, connection) = tokio::time::timeout_at(
+        connected_by,
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)),
     )
     .await
@@ -707,6 +752,11 @@ mod tests {
             ("https://example.com:+80", OriginError::Port),
             ("https://example.com:http", OriginError::Port),
             ("https://exa_mple.com", OriginError::Host),
+            ("http://2130706433", OriginError::Host),
+            ("http://127.1", OriginError::Host),
+            ("http://0x7f.1", OriginError::Host),
+            ("http://0177.0.0.1", OriginError::Host),
+            ("http://example.123", OriginError::Host),
             ("https://bücher.example", OriginError::Host),
             ("https://exa%6dple.com", OriginError::Host),
             ("http://[::1", OriginError::Host),

@@ -187,6 +187,14 @@ pub struct AdminConfig {
     /// `429 busy`.
     #[serde(default = "default_requests_per_second")]
     pub requests_per_second: u32,
+    /// TLS handshakes the admin listener begins per second, from everyone (1 to 100000); a connection
+    /// past it is closed at once. Bounds what the handshakes' signatures take from the calls' CPU.
+    #[serde(default = "default_tls_handshakes_per_second")]
+    pub tls_handshakes_per_second: u32,
+}
+
+fn default_tls_handshakes_per_second() -> u32 {
+    100
 }
 
 fn default_connection_max_seconds() -> u64 {
@@ -261,6 +269,12 @@ impl AdminConfig {
                     1,
                     100_000,
                 ),
+                (
+                    "tls_handshakes_per_second",
+                    self.tls_handshakes_per_second.into(),
+                    1,
+                    100_000,
+                ),
             ],
         )
     }
@@ -301,6 +315,7 @@ impl Default for AdminConfig {
             connection_max_seconds: default_connection_max_seconds(),
             failed_logins_per_minute: default_failed_logins_per_minute(),
             requests_per_second: default_requests_per_second(),
+            tls_handshakes_per_second: default_tls_handshakes_per_second(),
         }
     }
 }

@@ -104,3 +104,43 @@ async fn the_admin_api_serves_tls_with_its_certificate_and_takes_a_new_one_on_si
     assert!(!log.contains(token), "the log holds the admin token");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_tls_handshake_rate_are_closed_at_once() {
+    let token = "vh_tls_rate_token_0123456789";
+    let (dir, config) = one_tenant("admin-tls-rate", token);
+    new_certificate(&dir, "cert-copy.pem");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "listen = \"127.0.0.1:0\"\n",
+        "listen = \"127.0.0.1:0\"\ntls_cert = \"cert.pem\"\ntls_key = \"key.pem\"\n\
+         tls_handshakes_per_second = 1\nhead_timeout_seconds = 5\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    let served = Served::start(&config);
+    let address = served.admin.trim_start_matches("http://").to_string();
+
+    // Five connections at once: the first may begin its handshake (it waits for a hello), the others
+    // are closed before any.
+    let mut connections = Vec::new();
+    let started = Instant::now();
+    for _ in 0..5 {
+        connections.push(tokio::net::TcpStream::connect(&address).await.unwrap());
+    }
+    // One handshake a second: on a slow machine, one more for each second the connecting took.
+    let admitted = 1 + started.elapsed().as_secs() as usize;
+    let mut closed = 0;
+    for connection in &mut connections {
+        let read =
+            tokio::time::timeout(Duration::from_secs(1), connection.read(&mut [0; 16])).await;
+        if matches!(read, Ok(Ok(0)) | Ok(Err(_))) {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= 5 - admitted.min(5),
+        "{closed} of 5 closed at once, {admitted} admitted"
+    );
+    assert!(closed < 5, "even the first connection was closed");
+    served.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
