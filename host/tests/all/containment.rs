@@ -307,7 +307,7 @@ fn a_component_over_the_pools_per_component_maxima_is_refused_when_it_is_loaded(
         .unwrap();
     let message = over.to_string();
     assert!(
-        matches!(over, voicehost::sandbox::LoadError::Invalid(_)),
+        matches!(over, voicehost::sandbox::LoadError::OverInstanceLimits(_)),
         "{message}"
     );
     assert!(
