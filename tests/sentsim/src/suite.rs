@@ -92,6 +92,27 @@ impl fmt::Display for Report {
 /// How long one scenario may run in all.
 const SCENARIO_DEADLINE: Duration = Duration::from_secs(90);
 
+/// Runs `future` (an agent under test) on a runtime and a thread of its own; its output comes through the
+/// receiver. An agent that deadlocks on its own locks then freezes only that runtime, and the scenarios'
+/// deadlines report it, instead of the test's runtime freezing with it (the official SDK 0.2.0 can: see
+/// tests/README.md).
+pub fn on_own_runtime<F>(future: F) -> tokio::sync::oneshot::Receiver<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let (done, output) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime for the agent under test");
+        let _ = done.send(runtime.block_on(future));
+    });
+    output
+}
+
 /// Runs every scenario whose name contains `filter` (all when empty).
 pub async fn run(ctx: &Ctx, filter: &str) -> Report {
     let mut report = Report::default();

@@ -44,20 +44,10 @@ async fn serve_sdk_on<H: Handler>(
         .with_url(sim.url()),
         handler,
     );
-    // On a runtime and a thread of its own (as in official_sdk_process.rs): the SDK 0.2.0 can deadlock
-    // on its own locks, and then only that runtime freezes; the scenarios' deadlines report it instead of
-    // this test's runtime freezing with it and the test never ending.
-    let (ran, result) = tokio::sync::oneshot::channel();
-    std::thread::spawn({
+    // On a runtime and a thread of its own: the SDK 0.2.0 can deadlock on its own locks.
+    let result = suite::on_own_runtime({
         let agent = agent.clone();
-        move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("a runtime for the SDK");
-            let _ = ran.send(runtime.block_on(agent.run()));
-        }
+        async move { agent.run().await }
     });
     let running = tokio::spawn(async move {
         result

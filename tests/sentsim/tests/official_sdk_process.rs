@@ -53,16 +53,9 @@ async fn the_official_conformance_program_gets_the_same_table_as_the_in_process_
     // handler speaks takes the session's lock and the connection's in opposite orders; seen once in CI,
     // both workers parked for ever). Then only that runtime freezes, and the suite's scenario deadlines
     // report it, instead of this test's runtime freezing with it and the test never ending.
-    std::thread::spawn({
+    let _running = suite::on_own_runtime({
         let agent = agent.clone();
-        move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("a runtime for the SDK");
-            let _ = runtime.block_on(agent.run());
-        }
+        async move { agent.run().await }
     });
 
     let external_ctx = Ctx {
