@@ -3,7 +3,8 @@
 #
 # Idempotent and runnable from any directory. It installs what is missing, and only that:
 #   * Debian packages: clang-19, lld-19, wasi-libc, libclang-rt-19-dev-wasm32 (apt-get; root or sudo);
-#   * wit-bindgen-cli and wasm-tools, with `cargo install --locked` into target/tools (not on your PATH);
+#   * wit-bindgen-cli and wasm-tools, with `cargo install --locked` into target/tools (not on your PATH),
+#     with only the features this script uses and unoptimised (see cargo_tool);
 #   * the WASI preview 1 reactor adapter, taken from the crate wasi-preview1-component-adapter-provider.
 # Generated bindings go to target/c-bindings; nothing is written outside target/ except by apt-get.
 #
@@ -13,6 +14,10 @@ set -euo pipefail
 # Versions, pinned. The adapter matches the host's wasmtime (48.0.8), wasm-tools its wasmparser (0.263).
 readonly WIT_BINDGEN_VERSION=0.63.0
 readonly WASM_TOOLS_VERSION=1.263.0
+# Their cargo features: only what this script runs (`wit-bindgen c`, `wasm-tools component new` and
+# `validate`); the defaults add every other generator and subcommand and take minutes longer to build.
+readonly WIT_BINDGEN_FEATURES=c
+readonly WASM_TOOLS_FEATURES=component,validate
 readonly ADAPTER_VERSION=48.0.8
 readonly LLVM_MAJOR=19
 readonly APT_PACKAGES=("clang-$LLVM_MAJOR" "lld-$LLVM_MAJOR" wasi-libc "libclang-rt-$LLVM_MAJOR-dev-wasm32")
@@ -20,6 +25,7 @@ readonly APT_PACKAGES=("clang-$LLVM_MAJOR" "lld-$LLVM_MAJOR" wasi-libc "libclang
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 tools="$root/target/tools"
+tools_build="$root/target/tools-build"
 bindings="$root/target/c-bindings"
 out_dir="$root/target/guests/c"
 out="$out_dir/conformance.wasm"
@@ -53,15 +59,19 @@ install_apt_packages() {
     fi
 }
 
-# cargo_tool BINARY CRATE VERSION: installs CRATE@VERSION into target/tools unless BINARY is that version.
+# cargo_tool BINARY CRATE VERSION FEATURES: installs CRATE@VERSION with FEATURES into target/tools unless
+# BINARY is that version. Unoptimised and without debug info (the tools only ever see one small module, and
+# an optimised build takes several times longer); both share target/tools-build, so what they have in
+# common compiles once. An install with every feature (an older build.sh's) has what this script runs too.
 cargo_tool() {
-    local binary="$1" crate="$2" version="$3"
+    local binary="$1" crate="$2" version="$3" features="$4"
     local path="$tools/bin/$binary"
     if [[ -x "$path" ]] && [[ "$("$path" --version 2>/dev/null)" == *" $version"* ]]; then
         return
     fi
-    log "cargo install $crate $version into $tools (a few minutes, once)"
-    cargo install "$crate" --version "=$version" --locked --root "$tools" --quiet
+    log "cargo install $crate $version (features: $features) into $tools (a minute or two, once)"
+    CARGO_PROFILE_DEV_DEBUG=0 cargo install "$crate" --version "=$version" --locked --force --quiet \
+        --no-default-features --features "$features" --debug --target-dir "$tools_build" --root "$tools"
 }
 
 # The adapter ships inside a crate: a throwaway manifest that depends on it makes cargo download it, and
@@ -99,8 +109,9 @@ EOF
 
 install_apt_packages
 mkdir -p "$tools"
-cargo_tool wit-bindgen wit-bindgen-cli "$WIT_BINDGEN_VERSION"
-cargo_tool wasm-tools wasm-tools "$WASM_TOOLS_VERSION"
+cargo_tool wit-bindgen wit-bindgen-cli "$WIT_BINDGEN_VERSION" "$WIT_BINDGEN_FEATURES"
+cargo_tool wasm-tools wasm-tools "$WASM_TOOLS_VERSION" "$WASM_TOOLS_FEATURES"
+rm -rf "$tools_build"
 fetch_adapter
 
 log "generating C bindings for wit/agent.wit into $bindings"

@@ -1,6 +1,7 @@
 //! The suite against the official SDK's own `conformance` program, as a separate process that connects to
 //! the simulator, side by side with the same suite against the SDK in this process: both tables must agree.
-//! `scripts/test` installs the program (crates.io, pinned) and names it in SDK_CONFORMANCE_BIN.
+//! `scripts/test` builds the program (`cargo build -p sentdm-voice-agents --bin conformance`, the crate
+//! pinned in Cargo.lock) and names it in SDK_CONFORMANCE_BIN.
 
 use sentdm_voice_agents::conformance::ConformanceHandler;
 use sentdm_voice_agents::{Agent, Options};
@@ -27,7 +28,7 @@ async fn the_official_conformance_program_gets_the_same_table_as_the_in_process_
         .with_test_writer()
         .try_init();
     let program = std::env::var("SDK_CONFORMANCE_BIN").expect(
-        "SDK_CONFORMANCE_BIN names the official SDK's conformance program: run scripts/test, which installs it",
+        "SDK_CONFORMANCE_BIN names the official SDK's conformance program: run scripts/test, which builds it",
     );
 
     let external = Sim::start_local(config()).await.unwrap();
