@@ -24,7 +24,7 @@ fn main() {
 }
 
 fn start() -> anyhow::Result<()> {
-    voicehost::logging::init("info,wasmtime=warn,cranelift=warn");
+    voicehost::logging::init(voicehost::logging::DEFAULT);
     Cli::parse();
     tokio::runtime::Runtime::new()?.block_on(calls::run())
 }

@@ -53,6 +53,8 @@ const STALL: Duration = Duration::from_secs(3);
 
 fn main() -> Result<()> {
     // `cargo bench` passes `--bench`; there are no options to read.
+    // The log as `voicehost serve` sets it up: what a library's `log::trace!` costs is part of every call.
+    voicehost::logging::init(voicehost::logging::DEFAULT);
     let started = Instant::now();
     let mut report = Report::default();
 

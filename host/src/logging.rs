@@ -20,6 +20,9 @@ pub const HELD_AT_INFO: [&str; 6] = [
     "h2",
 ];
 
+/// What `voicehost` logs without `RUST_LOG`: its own events from `info`, the engine's warnings.
+pub const DEFAULT: &str = "info,wasmtime=warn,cranelift=warn";
+
 /// Whether an event or span of `metadata` may be logged at all, whatever the directives say.
 pub fn allowed(metadata: &Metadata<'_>) -> bool {
     let target = metadata.target();
@@ -93,10 +96,7 @@ mod tests {
     fn the_filter_states_the_directives_most_verbose_level() {
         // What `log::max_level` is set to: above it, a library's `log::trace!` costs one comparison.
         assert_eq!(most_verbose(None, "off"), Some(LevelFilter::OFF));
-        assert_eq!(
-            most_verbose(None, "info,wasmtime=warn,cranelift=warn"),
-            Some(LevelFilter::INFO)
-        );
+        assert_eq!(most_verbose(None, DEFAULT), Some(LevelFilter::INFO));
         assert_eq!(
             most_verbose(Some("warn,voicehost=debug"), "off"),
             Some(LevelFilter::DEBUG)

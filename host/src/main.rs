@@ -129,7 +129,7 @@ fn main() {
 }
 
 fn start(command: Command) -> Result<()> {
-    voicehost::logging::init("info,wasmtime=warn,cranelift=warn");
+    voicehost::logging::init(voicehost::logging::DEFAULT);
     let runtime = tokio::runtime::Runtime::new()?;
     let result = match command {
         Command::Serve { config } => runtime.block_on(serve(&config)),
