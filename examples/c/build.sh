@@ -6,7 +6,8 @@
 #   * wit-bindgen-cli and wasm-tools, with `cargo install --locked` into target/tools (not on your PATH),
 #     with only the features this script uses and unoptimised (see cargo_tool);
 #   * the WASI preview 1 reactor adapter, taken from the crate wasi-preview1-component-adapter-provider.
-# Generated bindings go to target/c-bindings; nothing is written outside target/ except by apt-get.
+# Generated bindings go to target/c-bindings; nothing is written outside target/ except by apt-get (and
+# cargo's own download cache).
 #
 # Environment: CC (default clang-19) and CFLAGS_EXTRA (extra compiler flags, e.g. -g) may be set.
 set -euo pipefail
@@ -60,18 +61,21 @@ install_apt_packages() {
 }
 
 # cargo_tool BINARY CRATE VERSION FEATURES: installs CRATE@VERSION with FEATURES into target/tools unless
-# BINARY is that version. Unoptimised and without debug info (the tools only ever see one small module, and
-# an optimised build takes several times longer); both share target/tools-build, so what they have in
-# common compiles once. An install with every feature (an older build.sh's) has what this script runs too.
+# BINARY is that version, installed with those features (its stamp says so) or with every feature (no
+# stamp: an older build.sh's install, which has what this script runs). Unoptimised and without debug info
+# (the tools only ever see one small module, and an optimised build takes several times longer), in
+# target/tools-build, which a successful run deletes and the next run clears if one failed.
 cargo_tool() {
     local binary="$1" crate="$2" version="$3" features="$4"
-    local path="$tools/bin/$binary"
-    if [[ -x "$path" ]] && [[ "$("$path" --version 2>/dev/null)" == *" $version"* ]]; then
+    local path="$tools/bin/$binary" stamp="$tools/$binary.features"
+    if [[ -x "$path" ]] && [[ "$("$path" --version 2>/dev/null)" == *" $version"* ]] &&
+        { [[ ! -e "$stamp" ]] || [[ "$(cat "$stamp")" == "$version $features" ]]; }; then
         return
     fi
     log "cargo install $crate $version (features: $features) into $tools (a minute or two, once)"
     CARGO_PROFILE_DEV_DEBUG=0 cargo install "$crate" --version "=$version" --locked --force --quiet \
         --no-default-features --features "$features" --debug --target-dir "$tools_build" --root "$tools"
+    echo "$version $features" >"$stamp"
 }
 
 # The adapter ships inside a crate: a throwaway manifest that depends on it makes cargo download it, and
@@ -109,6 +113,7 @@ EOF
 
 install_apt_packages
 mkdir -p "$tools"
+rm -rf "$tools_build"
 cargo_tool wit-bindgen wit-bindgen-cli "$WIT_BINDGEN_VERSION" "$WIT_BINDGEN_FEATURES"
 cargo_tool wasm-tools wasm-tools "$WASM_TOOLS_VERSION" "$WASM_TOOLS_FEATURES"
 rm -rf "$tools_build"

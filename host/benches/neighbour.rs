@@ -28,6 +28,8 @@ const FRAMES: usize = 400;
 const FLOOD: usize = 2_000;
 
 fn main() -> Result<()> {
+    // The log as `voicehost serve` sets it up: the `log 1000` attacker's passed lines are written.
+    voicehost::logging::init(voicehost::logging::DEFAULT);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
