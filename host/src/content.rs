@@ -110,6 +110,14 @@ pub fn remove_partials(dir: &Path) -> std::io::Result<usize> {
     Ok(removed)
 }
 
+/// Makes `dir` if it is missing and checks that a file can be written in it: a host that cannot write its
+/// data directory (another user's, a read-only mount) says so when it starts, not at its first upload.
+pub fn ensure_writable(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let probe = TempFile::new_in(dir, "probe");
+    std::fs::write(probe.path(), b"")
+}
+
 /// A file that is deleted when dropped, unless it was renamed away first.
 #[derive(Debug)]
 pub struct TempFile(PathBuf);
@@ -227,11 +235,17 @@ impl Spooled {
     /// (over a file already there), the directory flushed; copied if `path` is on another file system.
     pub fn keep_as(self, path: &Path) -> std::io::Result<()> {
         self.sync()?;
-        if std::fs::rename(self.path(), path).is_err() {
-            let copy = TempFile::new_in(path.parent().unwrap_or(Path::new(".")), "copy");
-            std::fs::copy(self.path(), copy.path())?;
-            std::fs::File::open(copy.path())?.sync_all()?;
-            std::fs::rename(copy.path(), path)?;
+        match std::fs::rename(self.path(), path) {
+            Ok(()) => {}
+            // `uploads/` and `components/` on different file systems: copied beside the final name
+            // (flushed), then renamed there. Any other failure is the caller's to hear.
+            Err(error) if error.kind() == std::io::ErrorKind::CrossesDevices => {
+                let copy = TempFile::new_in(path.parent().unwrap_or(Path::new("/")), "copy");
+                std::fs::copy(self.path(), copy.path())?;
+                std::fs::File::open(copy.path())?.sync_all()?;
+                std::fs::rename(copy.path(), path)?;
+            }
+            Err(error) => return Err(error),
         }
         if let Some(dir) = path.parent() {
             std::fs::File::open(dir)?.sync_all()?;
@@ -310,6 +324,40 @@ mod spool_tests {
         spooled.keep_as(&kept).unwrap();
         assert_eq!(std::fs::read(&kept).unwrap(), b"\0asm\x0d\0\x01\0rest");
         assert_eq!(files(&dir), 1, "only the kept file");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_component_moves_into_place_on_another_file_system() {
+        use std::os::unix::fs::MetadataExt as _;
+        // /dev/shm is a tmpfs on Linux: another file system than the temporary directory's disk.
+        let uploads = dir("cross-uploads");
+        let components = Path::new("/dev/shm").join(format!("voicehost-{}", std::process::id()));
+        std::fs::create_dir_all(&components).unwrap();
+        let device = |path: &Path| std::fs::metadata(path).unwrap().dev();
+        assert_ne!(
+            device(&uploads),
+            device(&components),
+            "the test needs two file systems"
+        );
+        let spooled = Spooled::from_bytes(&uploads, b"\0asm component").unwrap();
+        let kept = components.join("kept.wasm");
+        spooled.keep_as(&kept).unwrap();
+        assert_eq!(std::fs::read(&kept).unwrap(), b"\0asm component");
+        assert_eq!(files(&uploads), 0, "the upload's file is gone");
+        assert_eq!(files(&components), 1, "only the kept file: no copy left");
+        let _ = std::fs::remove_dir_all(uploads);
+        let _ = std::fs::remove_dir_all(components);
+    }
+
+    #[test]
+    fn a_directory_that_takes_no_file_is_refused() {
+        // A path through a regular file can never be a directory, whoever runs the test (root included).
+        let dir = dir("not-a-dir");
+        std::fs::write(dir.join("file"), b"").unwrap();
+        assert!(ensure_writable(&dir.join("file/compiled")).is_err());
+        ensure_writable(&dir.join("made/compiled")).unwrap();
+        assert_eq!(files(&dir.join("made/compiled")), 0, "the probe is gone");
         let _ = std::fs::remove_dir_all(dir);
     }
 

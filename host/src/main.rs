@@ -37,7 +37,7 @@ enum Command {
     /// Host every tenant's active agents and the admin API, as voicehost.toml says, until SIGINT or SIGTERM.
     Serve {
         /// The config file (see the README's "Hosting many tenants").
-        #[arg(long, default_value = "voicehost.toml")]
+        #[arg(long, default_value = "voicehost.toml", value_parser = absolute)]
         config: PathBuf,
     },
     /// Manage a tenant's agents through the admin API of a running `voicehost serve`.
@@ -64,7 +64,7 @@ enum Command {
 #[derive(clap::Args)]
 struct RunArgs {
     /// The agent's component (.wasm), compiled on this host.
-    #[arg(long)]
+    #[arg(long, value_parser = absolute)]
     agent: PathBuf,
     /// The agent as Sent knows it: agent_…
     #[arg(long)]
@@ -73,10 +73,10 @@ struct RunArgs {
     #[arg(long, default_value = "wss://voice.sent.dm/v1/agents/connect")]
     url: String,
     /// A file holding the API key (instead of the SENT_API_KEY environment variable).
-    #[arg(long)]
+    #[arg(long, value_parser = absolute)]
     api_key_file: Option<PathBuf>,
     /// Where to keep compiled components by content hash, so a restart does not compile again.
-    #[arg(long, env = "VOICEHOST_CACHE_DIR")]
+    #[arg(long, env = "VOICEHOST_CACHE_DIR", value_parser = absolute)]
     cache_dir: Option<PathBuf>,
     /// Connections to hold at once.
     #[arg(long, default_value_t = 1)]
@@ -103,6 +103,15 @@ struct RunArgs {
     /// to any address, private ones included (`serve` needs `allow_private` for that).
     #[arg(long, value_name = "ORIGIN")]
     allow_http: Vec<String>,
+}
+
+/// A path from the command line, made absolute against the directory `voicehost` was started in, once:
+/// what it names no longer depends on where a child (the compiler runs in `/`) or a reload looks.
+fn absolute(arg: &str) -> Result<PathBuf, String> {
+    if arg.is_empty() {
+        return Err("an empty path".into());
+    }
+    std::path::absolute(arg).map_err(|e| format!("cannot locate {arg}: {e}"))
 }
 
 fn main() {

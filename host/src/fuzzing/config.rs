@@ -1,5 +1,5 @@
 //! The harness of `voicehost.toml`: the cargo-fuzz target `config`. The input, as text, goes through
-//! [`ServeConfig::parse`] and [`ServeConfig::tenants_with`], every check `serve` makes at start and on
+//! [`ServeConfig::parse`], [`ServeConfig::anchor`] and [`ServeConfig::tenants_with`], every check `serve` makes at start and on
 //! reload, with each key "read" as its environment variable's name (so the fuzzer writes the keys too).
 //!
 //! What must hold: nothing panics; a refusal says why; a config accepted is one the host can run, with every
@@ -19,13 +19,30 @@ const MAX_TEXT: usize = 64 << 10;
 /// Runs one input; panics when a rule breaks.
 pub fn run(data: &[u8]) {
     let text = String::from_utf8_lossy(&data[..data.len().min(MAX_TEXT)]);
-    let config = match ServeConfig::parse(&text) {
+    let mut config = match ServeConfig::parse(&text) {
         Ok(config) => config,
         Err(error) => {
             assert!(!error.to_string().is_empty(), "a refusal says why");
             return;
         }
     };
+    // As `ServeConfig::read` anchors it: afterwards no path of the config is relative.
+    if let Err(error) = config.anchor(std::path::Path::new("/etc/voicehost")) {
+        assert!(!error.to_string().is_empty(), "a refusal says why");
+        return;
+    }
+    let admin = &config.admin;
+    for path in [
+        Some(&config.data_dir),
+        admin.tls_cert.as_ref(),
+        admin.tls_key.as_ref(),
+    ]
+    .into_iter()
+    .chain(config.tenants.iter().map(|t| t.api_key_file.as_ref()))
+    .flatten()
+    {
+        assert!(path.is_absolute(), "{} is relative", path.display());
+    }
     assert!((1..=MAX_CONNECTIONS).contains(&config.connections));
     assert!(
         Dial::check_url(&config.sent_url).is_ok(),

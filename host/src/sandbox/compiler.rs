@@ -72,6 +72,10 @@ impl ChildCompiler {
     /// child is killed when this future is dropped (an upload whose client went away) or at the deadline.
     pub(super) async fn compile(&self, wasm: &Wasm, output: &Path) -> Result<(), ChildFailure> {
         let bounds = self.bounds;
+        // The child runs in `/`: it is handed absolute paths only, meaning what they mean here.
+        let output = std::path::absolute(output).map_err(|e| {
+            ChildFailure::Failed(format!("cannot locate {}: {e}", output.display()))
+        })?;
         // A file is the child's stdin itself; bytes are fed through a pipe.
         let (stdin, bytes) = match wasm {
             Wasm::File(path) => {
@@ -85,7 +89,7 @@ impl ChildCompiler {
         let mut child = tokio::process::Command::new(&self.program)
             .arg(SUBCOMMAND)
             .arg("--output")
-            .arg(output)
+            .arg(&output)
             .arg("--cpu-seconds")
             .arg(bounds.cpu.as_secs().max(1).to_string())
             .arg("--memory-bytes")

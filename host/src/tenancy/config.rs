@@ -633,32 +633,48 @@ pub fn valid_id(id: &str) -> bool {
 }
 
 impl ServeConfig {
-    /// Reads and parses the file at `path` (a relative `data_dir`, `tls_cert` or `tls_key` is taken from
-    /// the file's directory); the
+    /// Reads and parses the file at `path`. Every path it names (`data_dir`, `tls_cert`, `tls_key`, each
+    /// tenant's `api_key_file`) is made absolute here, once, against the file's own directory: nothing
+    /// below sees a relative path, whatever directory the host was started in or a child runs in. The
     /// tenants are checked later, by [`ServeConfig::tenants()`].
     pub fn read(path: &Path) -> anyhow::Result<ServeConfig> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
         let mut config = ServeConfig::parse(&text)
             .map_err(|e| anyhow::anyhow!("{} is not a valid config: {e:#}", path.display()))?;
-        // A relative data directory or certificate is relative to the config file, not to wherever the
-        // host was started.
-        if let Some(dir) = path.parent() {
-            let admin = &mut config.admin;
-            for relative in [
-                Some(&mut config.data_dir),
-                admin.tls_cert.as_mut(),
-                admin.tls_key.as_mut(),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                if relative.is_relative() {
-                    *relative = dir.join(&*relative);
-                }
+        let absolute = std::path::absolute(path)
+            .map_err(|e| anyhow::anyhow!("cannot locate {}: {e}", path.display()))?;
+        let dir = absolute.parent().unwrap_or(Path::new("/"));
+        config
+            .anchor(dir)
+            .map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Makes every path of the config absolute against `dir` (the config file's directory). A path
+    /// starting with `~` is refused: nothing expands it here (a service often has no `$HOME`), and taken
+    /// as written it would name a directory called `~`.
+    pub fn anchor(&mut self, dir: &Path) -> anyhow::Result<()> {
+        let admin = &mut self.admin;
+        let mut paths = vec![("data_dir".to_string(), Some(&mut self.data_dir))];
+        paths.push(("admin.tls_cert".into(), admin.tls_cert.as_mut()));
+        paths.push(("admin.tls_key".into(), admin.tls_key.as_mut()));
+        for tenant in &mut self.tenants {
+            let key = format!("tenant {:?}: api_key_file", tenant.id);
+            paths.push((key, tenant.api_key_file.as_mut()));
+        }
+        for (key, path) in paths {
+            let Some(path) = path else { continue };
+            anyhow::ensure!(
+                !path.starts_with("~"),
+                "{key} = {:?}: `~` is not expanded; write the path in full, or relative to the config file",
+                path.display()
+            );
+            if path.is_relative() {
+                *path = dir.join(&*path);
             }
         }
-        Ok(config)
+        Ok(())
     }
 
     /// Parses a config's text and checks its host-wide settings (the Sent URL, the connections per agent,
@@ -951,5 +967,59 @@ mod tests {
             "data_dir = \"d\"\n[admin]\nlisten = \"0.0.0.0:7070\"\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"",
         );
         assert!(tls.unwrap().admin.tls().is_some());
+    }
+
+    #[test]
+    fn a_config_named_by_a_relative_path_has_every_path_absolute_against_its_own_directory() {
+        // Relative to the directory the tests run in, as `--config voicehost.toml` is to the shell's.
+        let dir = Path::new("../target/tmp").join(format!("config-paths-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("voicehost.toml");
+        std::fs::write(
+            &file,
+            "data_dir = \"data\"\n[admin]\ntls_cert = \"tls/cert.pem\"\ntls_key = \"/etc/voicehost/key.pem\"\n\
+             [[tenants]]\nid = \"acme\"\ntoken_sha256 = \"00\"\napi_key_file = \"keys/acme.key\"\n",
+        )
+        .unwrap();
+        let config = ServeConfig::read(&file).unwrap();
+        let home = std::path::absolute(&dir).unwrap();
+        assert_eq!(config.data_dir, home.join("data"));
+        assert_eq!(config.admin.tls_cert, Some(home.join("tls/cert.pem")));
+        assert_eq!(
+            config.admin.tls_key,
+            Some(PathBuf::from("/etc/voicehost/key.pem")),
+            "an absolute path stays as written"
+        );
+        assert_eq!(
+            config.tenants[0].api_key_file,
+            Some(home.join("keys/acme.key"))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_path_starting_with_a_tilde_is_refused_as_nothing_expands_it() {
+        for (text, key) in [
+            ("data_dir = \"~/voicehost/data\"", "data_dir"),
+            (
+                "data_dir = \"/d\"\n[admin]\ntls_cert = \"~/c.pem\"\ntls_key = \"/k.pem\"",
+                "admin.tls_cert",
+            ),
+            (
+                "data_dir = \"/d\"\n[[tenants]]\nid = \"acme\"\ntoken_sha256 = \"00\"\napi_key_file = \"~/acme.key\"",
+                "tenant \"acme\": api_key_file",
+            ),
+        ] {
+            let mut config = ServeConfig::parse(text).unwrap();
+            let error = format!("{:#}", config.anchor(Path::new("/etc/voicehost")).unwrap_err());
+            assert!(
+                error.contains(key) && error.contains("`~` is not expanded"),
+                "{text}: {error}"
+            );
+        }
+        // `~` inside a name is a name.
+        let mut config = ServeConfig::parse("data_dir = \"data~1\"").unwrap();
+        config.anchor(Path::new("/srv")).unwrap();
+        assert_eq!(config.data_dir, Path::new("/srv/data~1"));
     }
 }

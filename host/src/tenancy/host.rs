@@ -9,7 +9,7 @@ use super::quota::{Quota, Usage};
 use super::rates::Rates;
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
-use crate::content::{remove_partials, Digest, Spool, Spooled};
+use crate::content::{ensure_writable, remove_partials, Digest, Spool, Spooled};
 use crate::sandbox::{blocking, AgentCode, ChildCompiler, Limits, LoadError, Sandbox, Wasm};
 use std::path::PathBuf;
 
@@ -129,13 +129,23 @@ impl Tenancy {
                 (tenant.id.clone(), (Arc::new(tenant), gate))
             })
             .collect();
+        // Every directory the host writes, checked now: an upload must not be the first to find out.
+        anyhow::ensure!(
+            config.data_dir.is_absolute(),
+            "data_dir {} is relative: ServeConfig::read anchors it",
+            config.data_dir.display()
+        );
+        for sub in ["components", "compiled", "uploads"] {
+            let dir = config.data_dir.join(sub);
+            ensure_writable(&dir)
+                .map_err(|e| anyhow::anyhow!("data_dir: cannot write in {}: {e}", dir.display()))?;
+        }
         let store = DiskStore::new(config.data_dir.join("components"))
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", config.data_dir.display()))?;
         let registry = Registry::open(Box::new(store))?;
         // Uploads are received here: what a killed host left is removed.
         let uploads_dir = config.data_dir.join("uploads");
-        std::fs::create_dir_all(&uploads_dir)
-            .and_then(|()| remove_partials(&uploads_dir))
+        remove_partials(&uploads_dir)
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", uploads_dir.display()))?;
         let mut sandbox = Sandbox::new()?.with_cache(config.data_dir.join("compiled"));
         if let Some(program) = compiler {

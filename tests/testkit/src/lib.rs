@@ -15,16 +15,23 @@ pub use quiet::Quiet;
 /// The `voicehost` binary cargo built beside the running test or bench (it builds a package's binaries for
 /// its integration tests and benches): uploads in the tests compile in its children, as in `serve`.
 pub fn voicehost_binary() -> std::path::PathBuf {
+    workspace_binary("voicehost", "voicehost")
+}
+
+/// The binary `name` of the workspace's package `package`, from the directory cargo built the running test
+/// into (`target/<profile>/`). Only the package under test has its binaries built for it: `cargo test
+/// --workspace` (what `scripts/test` runs) builds every package's.
+pub fn workspace_binary(package: &str, name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("the test's own path");
-    // target/<profile>/deps/<test> → target/<profile>/voicehost
+    // target/<profile>/deps/<test> → target/<profile>/<name>
     let binary = exe
         .parent()
         .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("voicehost"))
+        .map(|profile| profile.join(name))
         .filter(|binary| binary.is_file());
     binary.unwrap_or_else(|| {
         panic!(
-            "no voicehost binary beside {}: build it (cargo build -p voicehost)",
+            "no {name} binary beside {}: build it (cargo build -p {package}), or run cargo test --workspace",
             exe.display()
         )
     })
