@@ -525,8 +525,9 @@ impl Call {
             return;
         }
         self.stats.audio_in.inc();
-        // [scenario: caller_audio_backlog_bounded] Caller audio waiting for a busy guest is bounded by
-        // duration: the oldest goes first, counted. Counted frames are never dropped this way.
+        // Caller audio waiting for a busy guest is bounded by duration: the oldest goes first, counted.
+        // Counted frames are never dropped this way. (No scenario: the unit test
+        // `caller_audio_backlog_bounded`.)
         let cap = self
             .media
             .bytes_per(self.limits.audio_backlog_ms)
@@ -583,9 +584,10 @@ impl Call {
         self.replay(conn, frame.received, now, out);
     }
 
-    /// [scenario: resume_holds_frames, replay_gap_hangs_up, huge_received_does_not_wrap] Sends again, in
-    /// order and once, what Sent did not read; a hangup when Sent needs frames no longer kept. A `received`
-    /// past what was sent is Sent's mistake: nothing is sent again for it.
+    /// [scenario: speech_during_a_resume_is_held, reply_across_a_drop_arrives_once, replay_gap_hangs_up,
+    /// huge_received_does_not_wrap] Sends again, in order and once, what Sent did not read; a hangup when
+    /// Sent needs frames no longer kept. A `received` past what was sent is Sent's mistake: nothing is sent
+    /// again for it.
     fn replay(&mut self, conn: ConnId, received: i64, now: Instant, out: &mut VecDeque<Output>) {
         let sent = self.sent();
         let read = (received.max(0) as u64).min(sent);
@@ -890,7 +892,7 @@ impl Call {
     /// The guest's audio: cut into messages of at most 200 ms, written on the call's stream; dropped (and
     /// counted) after the end, while the call moves, without a stream, and on a text call.
     pub fn send_audio(&mut self, samples: &[u8], out: &mut VecDeque<Output>) {
-        // [scenario: audio_after_end_not_delivered, resume_holds_frames] No audio after the end, none while
+        // [scenario: audio_after_end_not_delivered, speech_during_a_resume_is_held] No audio after the end, none while
         // moving: the old stream may be another caller's on the new connection.
         let State::Live {
             conn,

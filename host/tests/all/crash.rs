@@ -285,6 +285,7 @@ async fn a_host_killed_amid_registry_changes_reopens_to_a_committed_state_with_n
     let mut in_flight: Option<(Change, bool)> = None;
     let mut uploads = 0u64;
     let mut changes_made = 0;
+    let mut cut_short = 0;
     for round in 0..rounds {
         let context = format!("seed {seed} (CRASH_SEED={seed}), round {round}");
         let mut served = Served::start(&config);
@@ -347,10 +348,20 @@ async fn a_host_killed_amid_registry_changes_reopens_to_a_committed_state_with_n
         uploads = worker.await.unwrap();
         let (last, pending, made) = shared.lock().unwrap().clone();
         committed = last;
+        cut_short += usize::from(pending.is_some());
         in_flight = pending;
         changes_made += made;
         drop(served);
     }
-    eprintln!("{rounds} kills, {changes_made} changes answered, {uploads} uploads (seed {seed})");
+    eprintln!(
+        "{rounds} kills, {cut_short} amid a change, {changes_made} changes answered, {uploads} uploads \
+         (seed {seed})"
+    );
+    // A kill that finds nothing in progress tests nothing: most must come amid a change, after others
+    // were made (a host too slow to answer any would pass every check above).
+    assert!(
+        changes_made >= rounds && cut_short * 2 >= rounds,
+        "only {changes_made} changes answered and {cut_short} kills amid one in {rounds} rounds (seed {seed})"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

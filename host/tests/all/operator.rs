@@ -21,6 +21,8 @@ const AGENT: &str = "agent_support";
 pub(crate) struct Served {
     pub(crate) child: Child,
     log: Arc<Mutex<String>>,
+    /// The thread reading the host's stderr into `log`: it ends when the host's stderr does.
+    reader: Option<std::thread::JoinHandle<()>>,
     pub(crate) admin: String,
 }
 
@@ -39,7 +41,7 @@ impl Served {
         let log = Arc::new(Mutex::new(String::new()));
         let stderr = child.stderr.take().unwrap();
         let (found, addr) = std::sync::mpsc::channel();
-        std::thread::spawn({
+        let reader = std::thread::spawn({
             let log = log.clone();
             move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -58,6 +60,7 @@ impl Served {
         let mut served = Served {
             child,
             log,
+            reader: Some(reader),
             admin: String::new(),
         };
         // On a panic here `served` is dropped, and the child killed with it.
@@ -136,8 +139,10 @@ impl Served {
             );
             std::thread::sleep(Duration::from_millis(20));
         };
-        // The reader thread sees the end of the pipe soon after the exit.
-        std::thread::sleep(Duration::from_millis(100));
+        // The whole log: the reader has read to the end of the pipe, which the exit closed.
+        if let Some(reader) = self.reader.take() {
+            reader.join().expect("the log reader");
+        }
         let log = self.log.lock().unwrap().clone();
         (status, log)
     }

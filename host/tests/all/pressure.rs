@@ -105,6 +105,7 @@ pressure_tests!(
     flooded_call_gets_failure_policy,
     oversized_audio_is_cut,
     audio_flood_bounded,
+    speech_during_a_resume_is_held,
 );
 
 /// The scenario, and what the host counted: the call was lost once, and nothing is left live.

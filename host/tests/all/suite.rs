@@ -32,3 +32,40 @@ async fn voicehost_passes_every_scenario_with_the_rust_conformance_agent() {
         host.finish().await;
     }
 }
+
+/// Every rule tag in the host's source (`[scenario: a, b]`, beside the code that keeps the rule) names a
+/// scenario that exists, so a renamed or removed scenario cannot leave a rule pointing at nothing.
+#[test]
+fn every_rule_tag_names_a_scenario() {
+    let known: Vec<&str> = sentsim::scenarios::SCENARIOS
+        .iter()
+        .chain(sentsim::pressure::SCENARIOS)
+        .map(|s| s.name)
+        .collect();
+    let mut files = vec![std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src"
+    ))];
+    let mut tags = 0;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        // A tag may run over two comment lines: join them first.
+        let joined = text.replace("\n", " ").replace("///", "").replace("//", "");
+        for tag in joined.split("[scenario: ").skip(1) {
+            let names = tag.split(']').next().unwrap();
+            for name in names.split(',').map(str::trim) {
+                assert!(
+                    known.contains(&name),
+                    "{}: [scenario: {name}] names no scenario",
+                    path.display()
+                );
+                tags += 1;
+            }
+        }
+    }
+    assert!(tags > 20, "only {tags} rule tags found");
+}

@@ -17,7 +17,9 @@
 //! - a call was lost only if a fault meant it to be (a `resume_failed`, or a connection closed or dropped
 //!   while the call's resume on it was unanswered, which the protocol loses), but for a few (at most one
 //!   call in twenty, or two): a host that lost calls at will would otherwise pass;
-//! - every audio message the agent sent for a call carries that call's tag: no audio on another's stream;
+//! - every audio message the agent sent for a call carries that call's tag (no audio on another's stream)
+//!   and echoes each message the caller sent at most once, in order (audio sent while a call moves is
+//!   dropped, by the protocol, so audio may be missing, and is counted, not failed);
 //! - every call either ended as the caller ended it or was lost, and no other way (the host's counts of
 //!   ended and lost calls are for the caller to compare with [`ChaosReport`]);
 //! - and Sent saw no protocol violation (checked by the caller with [`Sim::violations_since`]).
@@ -100,6 +102,12 @@ pub struct ChaosReport {
     pub reordered: usize,
     /// Audio messages on another call's stream.
     pub misrouted: usize,
+    /// Audio echoes that came twice.
+    pub audio_duplicated: usize,
+    /// Audio echoes that came before one sent earlier.
+    pub audio_reordered: usize,
+    /// Audio messages sent but never echoed (allowed: audio is dropped while a call moves).
+    pub audio_lost: usize,
     /// How long it took.
     pub took: Duration,
     /// The plan's seed.
@@ -117,8 +125,10 @@ impl fmt::Display for ChaosReport {
             f,
             "{} calls ({} audio) in {:.0} s: {} ended ({} unheard by the agent), {} lost ({} never heard by \
              the agent, {} not by a refused resume); faults: {}; \
-             checked {} frames, {} audio messages, {} tool calls: {} lost, {} duplicated, {} out of order, \
-             {} misrouted (seed {})",
+             checked {} frames and {} tool calls: {} lost, {} duplicated, {} out of order; {} audio \
+             messages: {} misrouted, {} duplicated, {} out of order, {} not echoed (dropped while moving \
+             or after a loss) \
+             (seed {})",
             self.calls,
             self.audio_calls,
             self.took.as_secs_f64(),
@@ -129,12 +139,15 @@ impl fmt::Display for ChaosReport {
             self.lost_otherwise,
             faults.join(", "),
             self.frames_checked,
-            self.audio_checked,
             self.tools_checked,
             self.frames_lost,
             self.duplicated,
             self.reordered,
+            self.audio_checked,
             self.misrouted,
+            self.audio_duplicated,
+            self.audio_reordered,
+            self.audio_lost,
             self.seed
         )
     }
@@ -213,7 +226,13 @@ pub async fn run(sim: &Sim, agent: &str, plan: &ChaosPlan) -> Result<ChaosReport
         check(sim, call, &doomed, &mut report)?;
     }
     report.took = started.elapsed();
-    if report.frames_lost + report.duplicated + report.reordered + report.misrouted > 0 {
+    let broken = report.frames_lost
+        + report.duplicated
+        + report.reordered
+        + report.misrouted
+        + report.audio_duplicated
+        + report.audio_reordered;
+    if broken > 0 {
         bail!("{report}");
     }
     // A host that lost calls no fault meant to lose would pass every other check; a few are allowed (see
@@ -400,7 +419,10 @@ fn check(
             );
         }
     } else {
+        // Audio may be lost (what comes while a call moves is dropped, by the protocol), but never
+        // misrouted, repeated or reordered: each echo carries its call's tag and its message's number.
         let tag = tag_of(placed.n).to_le_bytes();
+        let mut numbers = Vec::new();
         for record in sim.recorder().since(0, |r| {
             r.dir == Dir::FromAgent
                 && r.session.as_deref() == Some(call.id.as_str())
@@ -411,9 +433,15 @@ fn check(
                 if samples.get(..2) != Some(&tag[..]) {
                     report.misrouted += 1;
                     eprintln!("call {}: audio of another call: {record}", call.id);
+                } else if let Some(number) = samples.get(2..4) {
+                    numbers.push(u16::from_le_bytes([number[0], number[1]]));
                 }
             }
         }
+        let distinct: BTreeSet<u16> = numbers.iter().copied().collect();
+        report.audio_duplicated += numbers.len() - distinct.len();
+        report.audio_reordered += numbers.windows(2).filter(|w| w[0] > w[1]).count();
+        report.audio_lost += placed.lines.saturating_sub(distinct.len());
     }
     Ok(())
 }

@@ -84,6 +84,7 @@ scenarios! {
     flooded_call_gets_failure_policy: "a call whose agent cannot keep up with Sent's frames (1000 utterances while its handler waits on a tool) gets the failure policy's hangup",
     oversized_audio_is_cut [PROBER]: "one send-audio of 1 s reaches Sent as messages of at most 200 ms, all of it, in order",
     audio_flood_bounded [PROBER]: "a guest flooding send-audio while Sent does not read gets little of it through, and a neighbour call's echo on the same connection still works",
+    speech_during_a_resume_is_held [PROBER]: "what the agent says while its resume is unanswered (the prober speaks 300 ms after it heard the caller, whose connection dropped at once) is held, and sent once after session.resumed",
 }
 
 /// The simulator a pressure scenario runs on: heartbeats every second (the protocol's minimum), small
@@ -956,6 +957,34 @@ async fn audio_flood_bounded(ctx: &Ctx) -> Result<()> {
         ahead <= FLOOD_MOST,
         "{ahead} of the {} frames the guest flooded arrived ahead of the neighbour's echo (at most {FLOOD_MOST}: what the sockets hold and 1 s queued); {arrived} arrived in all",
         FLOOD * FLOOD_FRAMES
+    );
+    Ok(())
+}
+
+async fn speech_during_a_resume_is_held(ctx: &Ctx) -> Result<()> {
+    let conn = ctx.sim.connection().await?;
+    let mut call = conn.start_text();
+    call.expect_say(PROBER_GREETING).await?;
+    // Sent answers the resume 2 s after it comes: the guest's "held", 300 ms after it heard the caller,
+    // falls while the call has no connection or an unanswered resume.
+    ctx.sim.plan(ConnPlan {
+        resume_delay: Duration::from_secs(2),
+        ..ConnPlan::default()
+    });
+    call.say("later 300 held");
+    // The pong comes after the agent read the utterance (frames are read in order): it is the guest's.
+    conn.fence().await?;
+    conn.drop_abruptly();
+    call.expect_resume(RECONNECT).await?;
+    // Anything the agent sends for the call before session.resumed is a violation the suite reports.
+    call.expect_resumed(RECONNECT).await?;
+    call.expect_say("held").await?;
+    call.say("echo after");
+    call.expect_say("after").await?;
+    let said = says(&call.accepted_frames());
+    ensure!(
+        said == [PROBER_GREETING, "held", "after"],
+        "the agent said {said:?}"
     );
     Ok(())
 }

@@ -88,7 +88,6 @@ impl HostSettings {
 }
 
 scenarios! {
-    handshake_refusals: "Sent refuses the upgrade with 400 (no agent_id or subprotocol), 401 (bad key), 403 (key does not own the agent), 404 (unknown agent)",
     ready_ping_pong: "connection.ready carries the configured values; every ping is answered by a pong with its ts",
     greeting: "a text session starts with agent.say of the greeting, and nothing else",
     echo: "\"echo <text>\" is answered by agent.say <text>",
@@ -105,7 +104,7 @@ scenarios! {
     concurrent_sessions_isolated: "two sessions on one connection, interleaved, each get only their own answers",
     drain_moves_sessions: "after connection.draining the agent opens a new connection, resumes there, and nothing is lost or doubled",
     lost_connection_resumes: "after an abrupt drop the agent reconnects and resumes; no counted frame is lost or duplicated",
-    resume_holds_frames: "frames the agent sends while its resume is unanswered are held, then sent once after session.resumed",
+    reply_across_a_drop_arrives_once: "the reply to an utterance Sent sends just before dropping the connection reaches Sent once, after session.resumed (whether the agent sent it before the drop and replays it, or said it while detached and held it)",
     connection_full_resumes_elsewhere: "a resume refused with connection_full succeeds on another connection, and no audio reaches the full one",
     resume_failed_loses_session: "a resume refused with resume_failed loses the session: its waiting tool call is dropped and nothing more is sent for it",
     ended_while_detached: "a session that ended while detached is resumed without a next token; its replay ends with session.end",
@@ -147,47 +146,6 @@ fn says(frames: &[Value]) -> Vec<String> {
 const RECONNECT: Duration = Duration::from_secs(20);
 
 // ----- the scenarios -----
-
-async fn handshake_refusals(ctx: &Ctx) -> Result<()> {
-    let base = ctx.sim.url();
-    let with_agent = format!("{base}?agent_id={CONFORMANCE_AGENT}");
-    let cases: [(&str, String, Option<&str>, bool, u16); 5] = [
-        ("no agent_id", base.clone(), Some("conformance"), true, 400),
-        (
-            "no subprotocol",
-            with_agent.clone(),
-            Some("conformance"),
-            false,
-            400,
-        ),
-        (
-            "a key that is not valid",
-            with_agent.clone(),
-            Some("not-a-key"),
-            true,
-            401,
-        ),
-        (
-            "a key of another account",
-            with_agent.clone(),
-            Some("other-account"),
-            true,
-            403,
-        ),
-        (
-            "an unknown agent",
-            format!("{base}?agent_id=agent_nobody"),
-            Some("conformance"),
-            true,
-            404,
-        ),
-    ];
-    for (what, url, key, subprotocol, status) in cases {
-        let got = handshake_status(&url, key, subprotocol).await?;
-        ensure!(got == status, "{what}: expected {status}, got {got}");
-    }
-    Ok(())
-}
 
 /// The HTTP status of a WebSocket upgrade (101 when it succeeds).
 pub async fn handshake_status(url: &str, key: Option<&str>, subprotocol: bool) -> Result<u16> {
@@ -459,31 +417,28 @@ async fn lost_connection_resumes(ctx: &Ctx) -> Result<()> {
     Ok(())
 }
 
-async fn resume_holds_frames(ctx: &Ctx) -> Result<()> {
+async fn reply_across_a_drop_arrives_once(ctx: &Ctx) -> Result<()> {
     let (old, mut call) = greeted(ctx).await?;
     ctx.sim.plan(ConnPlan {
         resume_delay: Duration::from_millis(400),
         ..ConnPlan::default()
     });
-    let held = if ctx.poke.is_some() { "held" } else { "during" };
-    if ctx.poke.is_none() {
-        // The conformance agent speaks only when spoken to: an utterance right before the drop makes it
-        // likely that its answer falls inside the resume.
-        call.say("echo during");
-    }
+    // The conformance agent speaks only when spoken to: its answer goes out just before the drop (and is
+    // replayed) or just after it (and is held). Which one is not Sent's to see; voicehost's pressure
+    // scenario `speech_during_a_resume_is_held` makes a guest speak inside the resume for certain.
+    call.say("echo during");
     old.drop_abruptly();
     call.expect_resume(RECONNECT).await?;
-    if let Some(poke) = &ctx.poke {
-        poke.say(&call.id, "held")
-            .map_err(|e| anyhow::anyhow!("saying during the resume failed: {e}"))?;
-    }
     // Anything sent before session.resumed is a violation the suite reports.
     call.expect_resumed(DEADLINE).await?;
-    call.expect_say(held).await?;
+    call.expect_say("during").await?;
     call.say("echo after");
     call.expect_say("after").await?;
     let said = says(&call.accepted_frames());
-    ensure!(said == [GREETING, held, "after"], "the agent said {said:?}");
+    ensure!(
+        said == [GREETING, "during", "after"],
+        "the agent said {said:?}"
+    );
     Ok(())
 }
 

@@ -113,7 +113,8 @@ where
     output
 }
 
-/// Runs every scenario whose name contains `filter` (all when empty).
+/// Runs every scenario whose name contains `filter` (all when empty); a filter that matches none is a
+/// failed report, never an empty one that passes.
 pub async fn run(ctx: &Ctx, filter: &str) -> Report {
     let mut report = Report::default();
     for scenario in SCENARIOS.iter().filter(|s| s.name.contains(filter)) {
@@ -125,6 +126,15 @@ pub async fn run(ctx: &Ctx, filter: &str) -> Report {
             "scenario done"
         );
         report.outcomes.push(outcome);
+    }
+    if report.outcomes.is_empty() {
+        // A filter that matches nothing passes nothing: it is a mistake, not a clean run.
+        report.outcomes.push(Outcome {
+            name: "no_scenario_matched",
+            meaning: "the filter names at least one scenario",
+            passed: false,
+            detail: format!("no scenario's name contains {filter:?}"),
+        });
     }
     report
 }

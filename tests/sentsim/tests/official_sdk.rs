@@ -146,10 +146,43 @@ async fn poked(name: &str) -> suite::Outcome {
     outcome
 }
 
+/// What the SDK says through its own API while its resume is unanswered is held, and sent once after
+/// `session.resumed`: the simulator's rule (nothing for a session before its `session.resumed`) seen to hold
+/// for an agent that is not ours, with a say made inside the window for certain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_sdk_holds_what_it_says_during_a_resume_and_sends_it_once() {
-    let outcome = poked("resume_holds_frames").await;
-    assert!(outcome.passed, "{}", outcome.detail);
+    let seen = Seen::default();
+    let (agent, _, ctx) = serve_sdk(Tracking(seen.clone()), None).await;
+    let old = ctx.sim.connection().await.unwrap();
+    let mut call = old.start_text();
+    call.expect_say(sentsim::scenarios::GREETING).await.unwrap();
+    ctx.sim.plan(sentsim::ConnPlan {
+        resume_delay: std::time::Duration::from_millis(400),
+        ..sentsim::ConnPlan::default()
+    });
+    let from = ctx.sim.recorder().len();
+    old.drop_abruptly();
+    call.expect_resume(std::time::Duration::from_secs(20))
+        .await
+        .unwrap();
+    seen.say(&call.id, "held")
+        .expect("saying during the resume");
+    call.expect_resumed(sentsim::sim::DEADLINE).await.unwrap();
+    call.expect_say("held").await.unwrap();
+    let said: Vec<_> = call
+        .accepted_frames()
+        .iter()
+        .filter(|f| f["type"] == "agent.say")
+        .map(|f| f["text"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(said, [sentsim::scenarios::GREETING, "held"]);
+    assert!(
+        ctx.sim.violations_since(from).is_empty(),
+        "{:?}",
+        ctx.sim.violations_since(from)
+    );
+    agent.stop();
+    ctx.sim.shutdown();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -602,6 +602,53 @@ async fn a_resume_on_a_connection_planned_without_audio_leaves_the_session_witho
     assert_eq!(call.state().unwrap().stream, None);
 }
 
+/// The upgrades Sent refuses, and with what status (a check of the simulator: an agent under test has no
+/// part in it, so it is not one of the agent's scenarios).
+#[tokio::test]
+async fn bad_upgrades_are_refused_with_400_401_403_and_404() {
+    let sim = sim().await;
+    let base = sim.url();
+    let with_agent = format!("{base}?agent_id={CONFORMANCE_AGENT}");
+    let cases: [(&str, String, &str, bool, u16); 6] = [
+        ("no agent_id", base.clone(), CONFORMANCE_KEY, true, 400),
+        (
+            "no subprotocol",
+            with_agent.clone(),
+            CONFORMANCE_KEY,
+            false,
+            400,
+        ),
+        (
+            "a key that is not valid",
+            with_agent.clone(),
+            "not-a-key",
+            true,
+            401,
+        ),
+        (
+            "a key of another account",
+            with_agent.clone(),
+            "other-account",
+            true,
+            403,
+        ),
+        (
+            "an unknown agent",
+            format!("{base}?agent_id=agent_nobody"),
+            CONFORMANCE_KEY,
+            true,
+            404,
+        ),
+        ("all of it right", with_agent, CONFORMANCE_KEY, true, 101),
+    ];
+    for (what, url, key, subprotocol, status) in cases {
+        let got = sentsim::scenarios::handshake_status(&url, Some(key), subprotocol)
+            .await
+            .unwrap();
+        assert_eq!(got, status, "{what}");
+    }
+}
+
 #[tokio::test]
 async fn refuse_all_refuses_every_handshake_until_lifted() {
     let sim = sim().await;

@@ -170,7 +170,7 @@ impl ConnectError {
 }
 
 /// Why Sent refuses a handshake with each status that needs a person (`protocol.md` §2.2).
-/// [scenario: handshake_refusals, refused_agent_stops]
+/// [scenario: refused_agent_stops]
 pub fn refusal_reason(status: u16) -> Option<&'static str> {
     match status {
         400 => Some("agent_id or the subprotocol is missing"),

@@ -16,6 +16,7 @@
 //! | audio, command "grow KIB" | allocate KIB KiB and keep it (until the memory cap traps the instance; three traps and the call gets its failure policy) |
 //! | any session frame of an unknown type | send 20 ms of the call's pattern (audio calls) |
 //! | "echo <text>" | say `<text>` |
+//! | "later MS <text>" | wait MS milliseconds of wall time (a host call: no CPU), then say `<text>` |
 //! | "say N CHARS" | say N utterances of CHARS characters each, numbered from `000000`, without stopping at a refusal; then log how many were refused |
 //! | any other text | nothing |
 //!
@@ -86,6 +87,12 @@ impl Agent for Prober {
             Some("echo") => {
                 let rest = said.text.split_once(' ').map_or("", |(_, rest)| rest);
                 session.say(rest)?;
+            }
+            Some("later") => {
+                let ms = number(words.next());
+                let rest: Vec<&str> = words.collect();
+                std::thread::sleep(std::time::Duration::from_millis(ms.into()));
+                session.say(&rest.join(" "))?;
             }
             Some("say") => {
                 let (count, chars) = (number(words.next()), number(words.next()).max(8));
