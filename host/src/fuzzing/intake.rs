@@ -1803,7 +1803,7 @@ mod tests {
     #[test]
     fn every_check_left_off_has_a_reproducer_that_still_breaks_it() {
         let known = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/known");
-        let mut named = std::collections::BTreeSet::new();
+        let mut named = BTreeSet::new();
         for entry in std::fs::read_dir(&known).into_iter().flatten() {
             let path = entry.expect("a reproducer").path();
             let name = path

@@ -3,7 +3,7 @@
 //! last, which refuses it).
 
 use crate::record::{Dir, What};
-use crate::sim::{Call, ConnHandle, ConnPlan, SessionSpec, ToolPlan, CONFORMANCE_AGENT, DEADLINE};
+use crate::sim::{Call, ConnHandle, ConnPlan, SessionSpec, ToolPlan, DEADLINE};
 use crate::suite::Ctx;
 use anyhow::{bail, ensure, Context as _, Result};
 use futures_util::future::BoxFuture;
