@@ -84,7 +84,9 @@ impl Hosted {
 }
 
 pub async fn run() -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("voicehost-demo-{}", std::process::id()));
+    // Absolute, whatever TMPDIR says: the config names its key files by this path.
+    let dir = std::path::absolute(std::env::temp_dir())?
+        .join(format!("voicehost-demo-{}", std::process::id()));
     let result = tour(&dir).await;
     let _ = std::fs::remove_dir_all(&dir);
     result

@@ -1,29 +1,27 @@
 //! voicehost: serves Sent voice agent calls (protocol 0.2.0, `sent.voice.v1`), running each call's agent
-//! logic as a sandboxed WebAssembly component instance.
+//! logic as a sandboxed WebAssembly component instance. Every rule of the protocol is in the core,
+//! [`voicehost_proto`]; this crate is the I/O around it, the sandbox, tenancy and the admin API.
 //!
-//! Data flows one way: socket → [`agent::connection`] (reader) → [`agent`] (its router routes by session
-//! or stream) → [`call`] (the call's state machine) → the call's task → [`sandbox`] (the guest) → the
-//! guest's imports → the call's state machine → the connection's outbox → writer → socket.
+//! Data flows one way: socket → [`agent::connection`] (reader, through the core's intake) → [`agent`] (the
+//! core's router routes by session or stream to the call's machine) → the call's task → [`sandbox`] (the
+//! guest) → the guest's imports → the call's machine → the connection's outbox → writer → socket.
 //!
-//! The modules, each importing only those below it: [`protocol`] (Sent's frames as they arrive: the
-//! intake's checks and bounds), [`content`] (content addresses, atomic files), [`tls`] (rustls: the admin
-//! API's certificate, the TLS clients), [`sandbox`] (the engine,
-//! compiling, instances, their limits and HTTP policy), [`stats`] (what an agent counts), [`call`] (one
-//! call's rules), [`agent`] (one agent's connections, calls and admission), [`tenancy`] (`voicehost
+//! The modules, each importing only those below it: [`content`] (content addresses, atomic files),
+//! [`tls`] (rustls: the admin API's certificate, the TLS clients), [`sandbox`] (the engine, compiling,
+//! instances, their limits and HTTP policy), [`stats`] (what an agent counts, exported to Prometheus),
+//! [`agent`] (one agent's connections, calls and admission, around the core), [`tenancy`] (`voicehost
 //! serve`: config, registry, the served agents), [`api`] (the admin HTTP API: routes, views, metrics),
 //! [`cli`] (the operator's side of the admin API: `voicehost agents` and `voicehost token`, and their
 //! HTTP client).
 
 pub mod agent;
 pub mod api;
-pub mod call;
 pub mod cli;
 pub mod content;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod logging;
-pub mod protocol;
 pub mod sandbox;
 pub mod stats;
 pub mod tenancy;
@@ -36,8 +34,8 @@ mod layering {
 
     /// The modules bottom up, as the crate's doc lists them; `logging` sits beside them, `fuzzing` above them all.
     const ORDER: &[&str] = &[
-        "protocol", "logging", "content", "tls", "sandbox", "stats", "call", "agent", "tenancy",
-        "api", "cli", "fuzzing",
+        "logging", "content", "tls", "sandbox", "stats", "agent", "tenancy", "api", "cli",
+        "fuzzing",
     ];
 
     /// Every `crate::<module>` a top-level module's files name, comments left out.

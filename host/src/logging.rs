@@ -1,7 +1,7 @@
 //! The host's log: `RUST_LOG` directives, except that the libraries that see secrets on the wire are held
 //! at `info` whatever they say (scenario `secrets_never_logged_at_trace`): tungstenite logs the upgrade
 //! request (with the API key) and every frame (with resume tokens) at `trace`; rustls, hyper and h2 see
-//! headers. What the host logs itself never carries a key or a token (see [`crate::protocol::loggable`]).
+//! headers. What the host logs itself never carries a key or a token (see [`voicehost_proto::wire::loggable`]).
 
 use tracing::level_filters::LevelFilter;
 use tracing::{Level, Metadata};

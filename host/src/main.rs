@@ -109,7 +109,13 @@ struct RunArgs {
 /// what it names no longer depends on where a child (the compiler runs in `/`) or a reload looks.
 fn absolute(arg: &str) -> Result<PathBuf, String> {
     if arg.is_empty() {
-        return Err("an empty path".into());
+        return Err("an empty path (from the flag, or its environment variable set empty)".into());
+    }
+    if arg.starts_with('~') {
+        // A shell expands `~` in a word of its own; in `--flag=~/x` or a variable it arrives as is.
+        return Err(format!(
+            "{arg}: `~` is not expanded here; write the path in full"
+        ));
     }
     std::path::absolute(arg).map_err(|e| format!("cannot locate {arg}: {e}"))
 }
@@ -168,6 +174,9 @@ async fn run(args: RunArgs) -> Result<()> {
         .with_context(|| format!("cannot read {}", args.agent.display()))?;
     let mut sandbox = Sandbox::new()?;
     if let Some(dir) = &args.cache_dir {
+        // Said now, not as a warning at the first compile.
+        voicehost::content::ensure_writable(dir)
+            .with_context(|| format!("--cache-dir: cannot write in {}", dir.display()))?;
         sandbox = sandbox.with_cache(dir);
     }
     let code = sandbox

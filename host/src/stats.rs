@@ -95,6 +95,61 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Adds what the core counted since `before` (its counts are plain numbers, these Prometheus's).
+    pub fn add_core(&self, before: &voicehost_proto::Stats, now: &voicehost_proto::Stats) {
+        let counted = [
+            (
+                &self.connections_opened,
+                before.connections_opened,
+                now.connections_opened,
+            ),
+            (
+                &self.sessions_started,
+                before.sessions_started,
+                now.sessions_started,
+            ),
+            (
+                &self.sessions_ended,
+                before.sessions_ended,
+                now.sessions_ended,
+            ),
+            (&self.sessions_lost, before.sessions_lost, now.sessions_lost),
+            (&self.frames_in, before.frames_in, now.frames_in),
+            (&self.frames_out, before.frames_out, now.frames_out),
+            (&self.audio_in, before.audio_in, now.audio_in),
+            (&self.audio_out, before.audio_out, now.audio_out),
+            (&self.audio_dropped, before.audio_dropped, now.audio_dropped),
+            (
+                &self.audio_out_dropped,
+                before.audio_out_dropped,
+                now.audio_out_dropped,
+            ),
+            (
+                &self.frames_invalid,
+                before.frames_invalid,
+                now.frames_invalid,
+            ),
+            (
+                &self.frames_dropped,
+                before.frames_dropped,
+                now.frames_dropped,
+            ),
+            (&self.resumes, before.resumes, now.resumes),
+            (
+                &self.policies_applied,
+                before.policies_applied,
+                now.policies_applied,
+            ),
+        ];
+        for (counter, was, is) in counted {
+            if is > was {
+                counter.inc_by(is - was);
+            }
+        }
+        self.connections_open
+            .set(i64::try_from(now.connections_open).unwrap_or(i64::MAX));
+    }
+
     /// Counts one contained trap of `kind`.
     pub fn trap(&self, kind: TrapKind) {
         self.traps[kind.index()].inc();

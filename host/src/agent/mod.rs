@@ -1,31 +1,30 @@
-//! One agent as the host serves it: its connections to Sent and its calls. The rules are in [`router`]
-//! (connections, routing) and [`crate::call`] (each call); this module is the I/O around them. One lock
+//! One agent as the host serves it: its connections to Sent and its calls. The rules are in the core's
+//! [`Router`] (connections, routing) and [`voicehost_proto::call`] (each call); this module is the I/O
+//! around them. One lock
 //! holds the router; the router task feeds it the connections' events (one bounded FIFO, `opened` before
 //! any frame) and the clock, each call's task feeds it its guest's requests, and whoever fed it carries
 //! out what it asks while still holding the lock (queueing on a connection never waits), so that what the
 //! router decided reaches the sockets in the order it decided it.
 
 mod admission;
-mod backoff;
 pub mod connection;
-pub(crate) mod router;
 mod session;
 
-pub use crate::call::FailurePolicy;
 pub use admission::{Admission, Gate};
 pub use connection::{ApiKey, ConnectError, Dial};
 pub use session::CallRules;
+pub use voicehost_proto::call::FailurePolicy;
 
-use crate::call::{CallKey, ConnId, Output, Refused, ToolAnswer};
 use crate::sandbox::AgentCode;
 use crate::stats::Stats;
 use connection::{Event, Outbox, EVENTS_BOUND};
-use router::{Router, RouterConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinHandle;
+use voicehost_proto::call::{CallKey, ConnId, Output, Refused, ToolAnswer};
+use voicehost_proto::router::{Router, RouterConfig};
 
 /// One version of an agent, ready to serve calls.
 pub struct Deployment {
@@ -73,6 +72,8 @@ type Waiter = oneshot::Sender<Result<ToolAnswer, Refused>>;
 /// The router and what carries out its outputs, under one lock.
 struct Shared {
     router: Router,
+    /// The core's counts as last added to the agent's [`Stats`].
+    exported: voicehost_proto::Stats,
     outboxes: HashMap<ConnId, Arc<Outbox>>,
     waiters: HashMap<(CallKey, String), Waiter>,
     wakers: HashMap<CallKey, Arc<Notify>>,
@@ -109,13 +110,13 @@ pub async fn serve(
             limits: rules.call.clone(),
             policy: rules.policy.clone(),
         },
-        stats.clone(),
         fastrand::u64(..),
         Instant::now(),
     );
     let agent = Arc::new(Agent {
         shared: Mutex::new(Shared {
             router,
+            exported: voicehost_proto::Stats::default(),
             outboxes: HashMap::new(),
             waiters: HashMap::new(),
             wakers: HashMap::new(),
@@ -200,6 +201,9 @@ impl Agent {
         let mut shared = self.lock();
         let result = f(&mut shared);
         self.dispatch(&mut shared);
+        let counted = shared.router.stats();
+        self.stats.add_core(&shared.exported, &counted);
+        shared.exported = counted;
         result
     }
 

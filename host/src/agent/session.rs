@@ -5,10 +5,6 @@
 
 use super::admission::Permit;
 use super::{Agent, Deployment, FailurePolicy};
-use crate::call::{
-    CallKey, CallLimits, GuestEvent, Media, Refused, ToolAnswer, MAX_TOOL_ARGUMENTS_BYTES,
-};
-use crate::protocol::{frames, Frame};
 use crate::sandbox::limits;
 use crate::sandbox::wit::{self, Call as CallInfo, Direction, Level, Party};
 use crate::sandbox::{Event, GuestImports, Instance, Limits, Outcome, TrapKind};
@@ -21,6 +17,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
+use voicehost_proto::call::{
+    CallKey, CallLimits, GuestEvent, Media, Refused, ToolAnswer, MAX_TOOL_ARGUMENTS_BYTES,
+};
+use voicehost_proto::wire::{frames, Frame};
 
 /// The rules one agent's calls run under.
 #[derive(Debug, Clone)]

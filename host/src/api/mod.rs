@@ -13,7 +13,6 @@ mod metrics;
 mod tests;
 pub mod views;
 
-use crate::call::FailurePolicy;
 use crate::sandbox::wit::{self, Direction, Media};
 use crate::sandbox::LoadError;
 use crate::tenancy::{AgentRecord, AgentStatus, RegistryError, ServeError, Tenancy, VersionRecord};
@@ -32,6 +31,7 @@ use views::{
     ActivateRequest, AgentList, AgentView, ErrorBody, ErrorCode, Health, PartyView, SessionList,
     SessionView, UsageView, VersionView,
 };
+use voicehost_proto::call::FailurePolicy;
 
 /// The routes and the document they make: each handler's `#[utoipa::path]` gives its method and path to
 /// both, so a route cannot exist undocumented or be documented and absent.

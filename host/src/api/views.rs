@@ -8,9 +8,9 @@
 //! lenient where a newer host may add to it (unknown fields are ignored), except for the request bodies
 //! the host reads, which refuse what they do not know.
 
-use crate::call::FailurePolicy;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use voicehost_proto::call::FailurePolicy;
 
 /// One of a tenant's agents (`GET /v1/agents/{agent_id}`, and the answer to activate, rollback and
 /// failure-policy).

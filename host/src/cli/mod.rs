@@ -6,7 +6,6 @@ use crate::api::views::{
     ActivateRequest, AgentList, AgentView, ErrorBody, PartyView, SessionList, UsageView,
     VersionView,
 };
-use crate::call::FailurePolicy;
 use crate::tenancy::{token_sha256, valid_agent_id, AGENT_ID_RULE};
 use anyhow::{anyhow, bail, Context as _, Result};
 use bytes::Bytes;
@@ -22,6 +21,7 @@ use std::io::{BufRead as _, IsTerminal as _, Read as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::net::TcpStream;
+use voicehost_proto::call::FailurePolicy;
 
 /// Where `voicehost serve` listens for admin requests unless told otherwise.
 pub(super) const DEFAULT_ADMIN: &str = "http://127.0.0.1:7070";

@@ -1,8 +1,7 @@
 //! Fuzzing harnesses, one per cargo-fuzz target in `host/fuzz` (`scripts/fuzz`), each replaying its kept
-//! corpus (`host/fuzz/corpus/<target>`) on every `cargo test`:
+//! corpus (`host/fuzz/corpus/<target>`) on every `cargo test` (the core's own, `intake`, is in
+//! `voicehost_proto::fuzzing`):
 //!
-//! - [`intake`]: Sent's frames, connections, the clock and the guests' requests against the agent's router
-//!   and call core, with the rules checked after every step;
 //! - [`upload`]: an upload's bytes through the validation every upload goes through (compiled on this
 //!   host and checked against the `agent` world), from arbitrary bytes and mutated valid components;
 //! - [`config`]: `voicehost.toml` through the parser and every check `serve` makes at start and on reload.
@@ -10,26 +9,17 @@
 //! A harness panics when a rule breaks; each says what must hold in its own doc.
 
 pub mod config;
-pub mod intake;
 pub mod upload;
 
 #[cfg(test)]
 mod corpus {
     use std::path::{Path, PathBuf};
 
+    pub use voicehost_proto::fuzzing::corpus::{mutate, replay};
+
     /// The kept corpus of one target, sorted by path.
     pub fn files(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-        let dir = dir(target);
-        let mut files: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("the fuzz corpus {}: {e}", dir.display()))
-            .map(|entry| {
-                let path = entry.expect("a corpus entry").path();
-                let bytes = std::fs::read(&path).expect("a corpus file");
-                (path, bytes)
-            })
-            .collect();
-        files.sort();
-        files
+        voicehost_proto::fuzzing::corpus::files(&dir(target))
     }
 
     /// `host/fuzz/corpus/<target>`.
@@ -37,44 +27,5 @@ mod corpus {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fuzz/corpus")
             .join(target)
-    }
-
-    /// Runs one input of `target` with `run`; on a panic, says which input and how to reproduce it.
-    pub fn replay(target: &str, name: &str, bytes: &[u8], run: impl Fn(&[u8])) {
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(bytes)));
-        if let Err(panic) = outcome {
-            let message = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("(no message)");
-            panic!("{name} breaks a rule (reproduce: scripts/fuzz {target} {name}):\n{message}");
-        }
-    }
-
-    /// `bytes` with one to four bytes changed, removed or added, as `rng` picks.
-    pub fn mutate(bytes: &[u8], rng: &mut fastrand::Rng) -> Vec<u8> {
-        let mut mutated = bytes.to_vec();
-        for _ in 0..rng.usize(1..=4) {
-            match rng.u8(..4) {
-                0 if !mutated.is_empty() => {
-                    let at = rng.usize(..mutated.len());
-                    mutated[at] = rng.u8(..);
-                }
-                1 if !mutated.is_empty() => {
-                    mutated.remove(rng.usize(..mutated.len()));
-                }
-                2 => {
-                    let at = rng.usize(..=mutated.len());
-                    mutated.insert(at, rng.u8(..));
-                }
-                _ => {
-                    for _ in 0..rng.usize(..16) {
-                        mutated.push(rng.u8(..));
-                    }
-                }
-            }
-        }
-        mutated
     }
 }

@@ -666,7 +666,7 @@ impl ServeConfig {
         for (key, path) in paths {
             let Some(path) = path else { continue };
             anyhow::ensure!(
-                !path.starts_with("~"),
+                !path.as_os_str().as_encoded_bytes().starts_with(b"~"),
                 "{key} = {:?}: `~` is not expanded; write the path in full, or relative to the config file",
                 path.display()
             );
@@ -1001,6 +1001,7 @@ mod tests {
     fn a_path_starting_with_a_tilde_is_refused_as_nothing_expands_it() {
         for (text, key) in [
             ("data_dir = \"~/voicehost/data\"", "data_dir"),
+            ("data_dir = \"~voicehost/data\"", "data_dir"),
             (
                 "data_dir = \"/d\"\n[admin]\ntls_cert = \"~/c.pem\"\ntls_key = \"/k.pem\"",
                 "admin.tls_cert",

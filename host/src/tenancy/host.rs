@@ -279,6 +279,15 @@ impl Tenancy {
     pub async fn reload(self: &Arc<Tenancy>, config: &ServeConfig) -> anyhow::Result<()> {
         let fresh = config.tenants()?;
         let metrics_token = config.metrics_token()?;
+        // What a reload cannot change is said, not silently kept.
+        if config.data_dir.join("uploads") != self.uploads_dir {
+            tracing::warn!(
+                "data_dir changed: the host keeps the one it started with until a restart"
+            );
+        }
+        if config.sent_url != self.sent_url || config.connections != self.connections {
+            tracing::warn!("sent_url or connections changed: they apply from the next restart");
+        }
         // No admin change in between.
         let registry = self.registry.lock().await;
         self.compiling

@@ -3,11 +3,11 @@
 //! the index is written whole and atomically: after a crash the registry is the one before or after it.
 
 use super::quota::Usage;
-use crate::call::FailurePolicy;
 use crate::content::{remove_partials, write_atomically, Digest, Spooled};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use voicehost_proto::call::FailurePolicy;
 
 /// Why the component store failed.
 #[derive(Debug, thiserror::Error)]

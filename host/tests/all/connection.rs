@@ -17,8 +17,8 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Bytes, Message};
 use tokio_tungstenite::WebSocketStream;
 use voicehost::agent::connection::{self, ConnectError, Dial, Event, Outbox};
-use voicehost::call::CallKey;
 use voicehost::stats::Stats;
+use voicehost_proto::call::CallKey;
 
 type Events = Receiver<(u64, Event)>;
 
@@ -71,7 +71,7 @@ async fn open(sim: &Sim, id: u64) -> (Arc<Outbox>, Events, ConnHandle) {
     tokio::spawn(async move {
         while let Some((id, event)) = raw.recv().await {
             match event {
-                Event::Ping(ts) => pongs.pong(connection::pong_text(ts)),
+                Event::Ping(ts) => pongs.pong(voicehost_proto::wire::pong(ts)),
                 event => {
                     if forward.send((id, event)).await.is_err() {
                         return;
@@ -546,7 +546,7 @@ async fn binary_messages_too_short_for_a_stream_number_are_dropped() {
         }
     }
     match next_event(&mut events).await {
-        (3, Event::Ping(ts)) => outbox.pong(connection::pong_text(ts)),
+        (3, Event::Ping(ts)) => outbox.pong(voicehost_proto::wire::pong(ts)),
         other => panic!("expected the ping, got {other:?}"),
     }
     let why = expect_closed(&mut events, WAIT).await;
@@ -652,7 +652,7 @@ async fn close_sends_the_pongs_before_it_then_a_close_frame_with_code_1000() {
     next_event(&mut events).await;
     // What is queued for the calls is not written: a close with 1000 sends them to their fallback.
     outbox.frame(KEY, say(&call.id, "never", true));
-    outbox.pong(connection::pong_text(7));
+    outbox.pong(voicehost_proto::wire::pong(7));
     outbox.close();
     let how = handle.closed(WAIT).await.unwrap();
     assert!(how.contains("1000"), "{how}");

@@ -6,10 +6,10 @@ use sentsim::{Call, ToolPlan};
 use std::sync::Arc;
 use std::time::Duration;
 use voicehost::agent::CallRules;
-use voicehost::call::{MAX_TOOL_ARGUMENTS_BYTES, MAX_TOOL_NAME_BYTES};
 use voicehost::sandbox::limits::{HTTP_BODY_CHUNK_BYTES, MAX_FIELDS_BYTES, MAX_HOSTCALL_BYTES};
 use voicehost::sandbox::outbound::{MAX_AUTHORITY_BYTES, MAX_METHOD_BYTES};
 use voicehost::sandbox::{HttpPolicy, Limits, Origin, TrapKind};
+use voicehost_proto::call::{MAX_TOOL_ARGUMENTS_BYTES, MAX_TOOL_NAME_BYTES};
 use voicehost_testkit::Host;
 
 /// Rules for the hoarder: with `wasi:http` linked (one origin allowed; nothing listens there, nothing is

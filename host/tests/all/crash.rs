@@ -354,14 +354,15 @@ async fn a_host_killed_amid_registry_changes_reopens_to_a_committed_state_with_n
         drop(served);
     }
     eprintln!(
-        "{rounds} kills, {cut_short} amid a change, {changes_made} changes answered, {uploads} uploads \
-         (seed {seed})"
+        "{rounds} kills, {cut_short} while a change was in flight or being read back, {changes_made} \
+         changes answered, {uploads} uploads (seed {seed})"
     );
     // A kill that finds nothing in progress tests nothing: most must come amid a change, after others
     // were made (a host too slow to answer any would pass every check above).
     assert!(
         changes_made >= rounds && cut_short * 2 >= rounds,
-        "only {changes_made} changes answered and {cut_short} kills amid one in {rounds} rounds (seed {seed})"
+        "only {changes_made} changes answered and {cut_short} kills with a change in flight or being read back \
+         in {rounds} rounds (seed {seed})"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -84,7 +84,7 @@ scenarios! {
     flooded_call_gets_failure_policy: "a call whose agent cannot keep up with Sent's frames (1000 utterances while its handler waits on a tool) gets the failure policy's hangup",
     oversized_audio_is_cut [PROBER]: "one send-audio of 1 s reaches Sent as messages of at most 200 ms, all of it, in order",
     audio_flood_bounded [PROBER]: "a guest flooding send-audio while Sent does not read gets little of it through, and a neighbour call's echo on the same connection still works",
-    speech_during_a_resume_is_held [PROBER]: "what the agent says while its resume is unanswered (the prober speaks 300 ms after it heard the caller, whose connection dropped at once) is held, and sent once after session.resumed",
+    speech_during_a_resume_is_held [PROBER]: "what the agent says while its resume is unanswered (the prober speaks a second after it heard the caller, whose connection dropped at once) is held, and sent once after session.resumed on the new connection",
 }
 
 /// The simulator a pressure scenario runs on: heartbeats every second (the protocol's minimum), small
@@ -965,20 +965,48 @@ async fn speech_during_a_resume_is_held(ctx: &Ctx) -> Result<()> {
     let conn = ctx.sim.connection().await?;
     let mut call = conn.start_text();
     call.expect_say(PROBER_GREETING).await?;
-    // Sent answers the resume 2 s after it comes: the guest's "held", 300 ms after it heard the caller,
+    // Sent answers the resume 3 s after it comes: the guest's "held", a second after it heard the caller,
     // falls while the call has no connection or an unanswered resume.
     ctx.sim.plan(ConnPlan {
-        resume_delay: Duration::from_secs(2),
+        resume_delay: Duration::from_secs(3),
         ..ConnPlan::default()
     });
-    call.say("later 300 held");
+    let said_at = tokio::time::Instant::now();
+    call.say("later 1000 held");
     // The pong comes after the agent read the utterance (frames are read in order): it is the guest's.
     conn.fence().await?;
     conn.drop_abruptly();
+    // A machine so slow that the drop came after the guest spoke cannot tell held from replayed.
+    let dropped_after = said_at.elapsed();
+    ensure!(
+        dropped_after < Duration::from_millis(900),
+        "the drop came {dropped_after:?} after the utterance: too late to tell whether anything was held"
+    );
     call.expect_resume(RECONNECT).await?;
     // Anything the agent sends for the call before session.resumed is a violation the suite reports.
-    call.expect_resumed(RECONNECT).await?;
+    let (resumed_on, _) = call.expect_resumed(RECONNECT).await?;
     call.expect_say("held").await?;
+    // It came on the new connection, after session.resumed there, once.
+    let id = call.id.clone();
+    let records = ctx
+        .sim
+        .recorder()
+        .since(0, |r| r.session.as_deref() == Some(id.as_str()));
+    let resumed = records
+        .iter()
+        .find(|r| r.is_frame(Dir::ToAgent, "session.resumed"))
+        .context("session.resumed is recorded")?;
+    let held: Vec<_> = records
+        .iter()
+        .filter(|r| r.is_frame(Dir::FromAgent, "agent.say"))
+        .filter(|r| r.json().is_some_and(|j| j["text"] == "held"))
+        .collect();
+    ensure!(
+        held.len() == 1 && held[0].conn == resumed_on && held[0].seq > resumed.seq,
+        "\"held\" came {} time(s), on {:?}, resumed on {resumed_on}",
+        held.len(),
+        held.iter().map(|r| r.conn).collect::<Vec<_>>()
+    );
     call.say("echo after");
     call.expect_say("after").await?;
     let said = says(&call.accepted_frames());

@@ -157,7 +157,7 @@ async fn official_sdk_holds_what_it_says_during_a_resume_and_sends_it_once() {
     let mut call = old.start_text();
     call.expect_say(sentsim::scenarios::GREETING).await.unwrap();
     ctx.sim.plan(sentsim::ConnPlan {
-        resume_delay: std::time::Duration::from_millis(400),
+        resume_delay: std::time::Duration::from_secs(3),
         ..sentsim::ConnPlan::default()
     });
     let from = ctx.sim.recorder().len();
@@ -165,10 +165,23 @@ async fn official_sdk_holds_what_it_says_during_a_resume_and_sends_it_once() {
     call.expect_resume(std::time::Duration::from_secs(20))
         .await
         .unwrap();
+    let said_at = std::time::Instant::now();
     seen.say(&call.id, "held")
         .expect("saying during the resume");
     call.expect_resumed(sentsim::sim::DEADLINE).await.unwrap();
     call.expect_say("held").await.unwrap();
+    // The say was made while Sent had not answered the resume yet: it was held, not merely sent late.
+    let resumed_at = ctx
+        .sim
+        .recorder()
+        .since(from, |r| {
+            r.session.as_deref() == Some(call.id.as_str())
+                && r.is_frame(sentsim::Dir::ToAgent, "session.resumed")
+        })
+        .first()
+        .expect("session.resumed is recorded")
+        .at;
+    assert!(said_at < resumed_at, "the say came after session.resumed");
     let said: Vec<_> = call
         .accepted_frames()
         .iter()

@@ -13,8 +13,6 @@ mod outbox;
 
 pub use outbox::Outbox;
 
-use crate::call::ConnId;
-use crate::protocol::{self, Frame, FromSent, MAX_MESSAGE_BYTES, SUBPROTOCOL};
 use crate::stats::Stats;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{FutureExt as _, SinkExt, StreamExt};
@@ -36,6 +34,8 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tracing::{debug, info, warn, Instrument as _};
+use voicehost_proto::call::ConnId;
+use voicehost_proto::wire::{self, Frame, FromSent, MAX_MESSAGE_BYTES, SUBPROTOCOL};
 
 /// How long the upgrade may take, and again how long `connection.ready` may take after it (the SDK's 10 s).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -384,7 +384,7 @@ async fn await_ready(
                 frame => early.push(Event::Frame(Box::new(frame))),
             },
             Read::Event(Event::Ping(ts)) => {
-                let pong = pong_text(ts);
+                let pong = wire::pong(ts);
                 socket.send(Message::Text(pong.into())).await.map_err(|e| {
                     ConnectError::Transient(format!("lost before connection.ready: {e}"))
                 })?;
@@ -400,13 +400,6 @@ async fn await_ready(
     }
 }
 
-/// The pong for a ping's `ts`.
-pub fn pong_text(ts: i64) -> String {
-    let pong = Frame::Pong(sentdm_voice_agents::frames::Pong { ts });
-    protocol::frames::encode_to_string(&pong)
-        .unwrap_or_else(|_| format!(r#"{{"type":"pong","ts":{ts}}}"#))
-}
-
 // ----- reading -----
 
 enum Read {
@@ -417,7 +410,7 @@ enum Read {
 
 /// One message from Sent, through the intake; what it drops is logged (never its contents) and counted.
 fn read(message: Message, stats: Option<&Stats>) -> Read {
-    let invalid = |error: protocol::Invalid, bytes: usize| {
+    let invalid = |error: wire::Invalid, bytes: usize| {
         warn!(bytes, %error, "dropped a message from Sent");
         if let Some(stats) = stats {
             stats.frames_invalid.inc();
@@ -425,15 +418,14 @@ fn read(message: Message, stats: Option<&Stats>) -> Read {
         Read::Nothing
     };
     match message {
-        Message::Text(text) => match protocol::read_text(&text) {
+        Message::Text(text) => match wire::read_text(&text) {
             Ok(FromSent::Ping(ts)) => Read::Event(Event::Ping(ts)),
             Ok(FromSent::Frame(frame)) => Read::Event(Event::Frame(frame)),
             Err(error) => invalid(error, text.len()),
         },
-        Message::Binary(data) => match protocol::read_binary(&data) {
+        Message::Binary(data) => match wire::read_binary(&data) {
             Ok((stream, samples)) => {
-                let samples =
-                    data.slice(protocol::AUDIO_HEADER..protocol::AUDIO_HEADER + samples.len());
+                let samples = data.slice(wire::AUDIO_HEADER..wire::AUDIO_HEADER + samples.len());
                 Read::Event(Event::Audio { stream, samples })
             }
             Err(error) => invalid(error, data.len()),

@@ -3,12 +3,12 @@
 //! call that ended or moved can take back what is still queued; per call, at most a set amount of audio
 //! (the oldest dropped and counted) and a count of frames the call's machine reads before it counts more.
 
-use crate::call::CallKey;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Bytes, Message};
+use voicehost_proto::call::CallKey;
 
 /// Pongs waiting at most: a Sent that pings faster than the socket takes them only needs the newest.
 pub const MAX_PONGS: usize = 8;
@@ -236,7 +236,9 @@ impl std::fmt::Debug for Outbox {
 
 /// The bytes of samples in an audio message (the stream number aside).
 fn samples_of(message: &[u8]) -> usize {
-    message.len().saturating_sub(crate::protocol::AUDIO_HEADER)
+    message
+        .len()
+        .saturating_sub(voicehost_proto::wire::AUDIO_HEADER)
 }
 
 fn samples_of_message(message: &Message) -> usize {

@@ -24,7 +24,7 @@
 //! (see `Call::refused`).
 
 use super::*;
-use crate::protocol::{read_text, FromSent};
+use crate::wire::{frames, read_text, FromSent};
 use proptest::prelude::*;
 use sentdm_voice_agents::frames::{
     AgentSay, ConnectionDraining, ErrorInfo, Ping, Resume, SessionEnd, SessionResumedAudio,
@@ -253,7 +253,7 @@ impl World {
             },
             policy: FailurePolicy::HangUp,
         };
-        let mut router = Router::new(config, Arc::new(Stats::default()), 1, now);
+        let mut router = Router::new(config, 1, now);
         router.start();
         let mut world = World {
             router,

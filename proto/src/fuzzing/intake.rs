@@ -1,11 +1,11 @@
 //! The harness of the host's intake and call core: the cargo-fuzz target `intake`, whose kept corpus
-//! (`host/fuzz/corpus/intake`) is replayed on every `cargo test`.
+//! (`proto/fuzz/corpus/intake`) is replayed on every `cargo test`.
 //!
 //! [`run`] reads its input as a few settings and then a sequence of operations: what Sent sends (raw text,
 //! structured frames of every type with fuzzed fields, answers aimed at live calls, binary audio, pings),
 //! connections opening, failing and closing, the clock moving (fake [`Instant`]s from a base), and the
-//! guests' requests on live calls. Text goes through [`protocol::read_text`] and audio through
-//! [`protocol::read_binary`], as the connection's reader does, and only what they accept reaches the
+//! guests' requests on live calls. Text goes through [`wire::read_text`] and audio through
+//! [`wire::read_binary`], as the connection's reader does, and only what they accept reaches the
 //! [`Router`]. After every operation it drains [`Router::poll_output`] and checks what must always hold; a
 //! broken rule panics with what broke. At the end the router is stopped and every call must have been
 //! heard to its end, every tool call of a guest answered exactly once, and nothing left behind.
@@ -14,14 +14,12 @@
 //! bytes read as zero), so that seeds can be written by hand ([`Script`]) and libFuzzer's mutations stay
 //! meaningful. Everything is deterministic: the same bytes run the same way.
 
-use crate::agent::router::{Router, RouterConfig, EXTRA_CONNECTIONS};
 use crate::call::{CallKey, CallLimits, ConnId, FailurePolicy, GuestEvent, Output, Place, Refused};
-use crate::protocol::{self, frames, Frame, FromSent, Invalid, MAX_AUDIO_MS_PER_MESSAGE};
-use crate::stats::Stats;
+use crate::router::{Router, RouterConfig, EXTRA_CONNECTIONS};
+use crate::wire::{self, frames, Frame, FromSent, Invalid, MAX_AUDIO_MS_PER_MESSAGE};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Operations read from one input, at most.
@@ -32,7 +30,7 @@ const MAX_RAW_TEXT: usize = 8 << 10;
 
 /// The most audio one binary message to Sent may carry: 200 ms at the highest rate, 24 kHz.
 pub const MAX_AUDIO_MESSAGE: usize =
-    protocol::AUDIO_HEADER + 24_000 * 2 * MAX_AUDIO_MS_PER_MESSAGE as usize / 1000;
+    wire::AUDIO_HEADER + 24_000 * 2 * MAX_AUDIO_MS_PER_MESSAGE as usize / 1000;
 
 /// The longest delay before a dial: the backoff's 30 s plus its quarter of jitter.
 const MAX_DIAL_DELAY: Duration = Duration::from_millis(37_500);
@@ -56,7 +54,7 @@ impl Checks {
     };
 
     /// What [`run`] (the fuzz target and the corpus test) checks: every check but those whose broken
-    /// rule is reported and not fixed yet (their reproducers go in `host/fuzz/known/`, and
+    /// rule is reported and not fixed yet (their reproducers go in `proto/fuzz/known/`, and
     /// `tests::every_check_left_off_has_a_reproducer_that_still_breaks_it` says when a fix lands). None is, today: the one found
     /// so far (`t01` answering `t1`) is fixed and its input kept in the corpus.
     pub const KNOWN_OK: Checks = Checks::ALL;
@@ -303,7 +301,6 @@ struct OpContext {
 
 struct Harness {
     router: Router,
-    stats: Arc<Stats>,
     now: Instant,
     connections: usize,
     conns: BTreeMap<ConnId, ConnState>,
@@ -327,7 +324,6 @@ impl Harness {
         let limits = limits(input.u8());
         let policy = policy(input.u8());
         let seed = input.u64();
-        let stats = Arc::new(Stats::default());
         let now = Instant::now();
         let router = Router::new(
             RouterConfig {
@@ -335,13 +331,11 @@ impl Harness {
                 limits,
                 policy,
             },
-            stats.clone(),
             seed,
             now,
         );
         let mut harness = Harness {
             router,
-            stats,
             now,
             connections,
             conns: BTreeMap::new(),
@@ -483,7 +477,7 @@ impl Harness {
                         r#"{{"type":"connection.ready","protocol_version":"0.2.0","heartbeat_interval_ms":15000,"max_sessions":{max_sessions}}}"#
                     );
                     self.note(format!("open {conn}: max_sessions {max_sessions}"));
-                    match protocol::read_text(&ready) {
+                    match wire::read_text(&ready) {
                         Ok(FromSent::Frame(frame)) => match *frame {
                             Frame::ConnectionReady(ready) => {
                                 self.conns.insert(conn, ConnState::Open);
@@ -659,7 +653,7 @@ impl Harness {
 impl Harness {
     /// A text message from Sent through the intake, as the connection's reader does.
     fn sent_text(&mut self, conn: ConnId, text: &str) {
-        match protocol::read_text(text) {
+        match wire::read_text(text) {
             Ok(FromSent::Ping(ts)) => {
                 self.pending_ping = Some((conn, ts));
                 self.router.ping(conn, ts);
@@ -673,7 +667,7 @@ impl Harness {
                 }
                 if frame
                     .session_id()
-                    .is_some_and(|id| id.chars().count() > protocol::MAX_ID_CHARS)
+                    .is_some_and(|id| id.chars().count() > wire::MAX_ID_CHARS)
                 {
                     self.broke("the intake let an overlong session_id through");
                 }
@@ -692,9 +686,9 @@ impl Harness {
 
     /// A binary message from Sent through the intake.
     fn sent_audio(&mut self, conn: ConnId, message: &[u8]) {
-        match protocol::read_binary(message) {
+        match wire::read_binary(message) {
             Ok((stream, samples)) => {
-                if samples.len() != (message.len() - protocol::AUDIO_HEADER) & !1
+                if samples.len() != (message.len() - wire::AUDIO_HEADER) & !1
                     || u16::from_be_bytes([message[0], message[1]]) != stream
                 {
                     self.broke("the intake split audio into the wrong stream or samples");
@@ -702,7 +696,7 @@ impl Harness {
                 self.router
                     .audio(conn, stream, Bytes::copy_from_slice(samples));
             }
-            Err(Invalid::ShortAudio(n)) if n < protocol::AUDIO_HEADER => {}
+            Err(Invalid::ShortAudio(n)) if n < wire::AUDIO_HEADER => {}
             Err(other) => self.broke(format_args!("audio refused: {other}")),
         }
     }
@@ -1207,8 +1201,8 @@ impl Harness {
                     let Some(seen) = self.calls.get(&key) else {
                         self.broke(format_args!("audio of a call never started ({key:?})"));
                     };
-                    let samples = message.len().saturating_sub(protocol::AUDIO_HEADER);
-                    let stream = protocol::stream_of(&message).unwrap_or(0);
+                    let samples = message.len().saturating_sub(wire::AUDIO_HEADER);
+                    let stream = wire::stream_of(&message).unwrap_or(0);
                     let rule = if seen.finished {
                         Some("audio of a call that had ended")
                     } else if !seen.audio {
@@ -1366,8 +1360,16 @@ impl Harness {
             }
         }
         self.check_places(&framed, &audio, op.name);
-        if self.stats.connections_open.get() < 0 {
-            self.broke("the gauge of open connections went below zero");
+        let open = self.router.stats().connections_open;
+        let known = self
+            .conns
+            .values()
+            .filter(|c| **c == ConnState::Open)
+            .count() as u64;
+        if open > known {
+            self.broke(format_args!(
+                "{open} connections counted open, {known} opened and not closed"
+            ));
         }
     }
 
@@ -1527,11 +1529,9 @@ impl Harness {
                 ));
             }
         }
-        if self.stats.connections_open.get() != 0 {
-            self.broke(format_args!(
-                "{} connections still counted open",
-                self.stats.connections_open.get()
-            ));
+        let open = self.router.stats().connections_open;
+        if open != 0 {
+            self.broke(format_args!("{open} connections still counted open"));
         }
     }
 }
@@ -1741,16 +1741,16 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     fn corpus() -> PathBuf {
-        crate::fuzzing::corpus::dir("intake")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/intake")
     }
 
     fn corpus_files() -> Vec<(PathBuf, Vec<u8>)> {
-        crate::fuzzing::corpus::files("intake")
+        super::super::corpus::files(&corpus())
     }
 
     /// Runs one input; on a panic, says which.
     fn replay(name: &str, bytes: &[u8]) {
-        crate::fuzzing::corpus::replay("intake", name, bytes, run);
+        super::super::corpus::replay("intake", name, bytes, run);
     }
 
     /// The short version of the fuzzing, on every `cargo test`: the kept corpus replays cleanly.
@@ -1773,7 +1773,7 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(0x5e47);
         for (path, bytes) in corpus_files() {
             for round in 0..2 {
-                let mutated = crate::fuzzing::corpus::mutate(&bytes, &mut rng);
+                let mutated = super::super::corpus::mutate(&bytes, &mut rng);
                 replay(
                     &format!("{} (mutation {round}: {mutated:?})", path.display()),
                     &mutated,
@@ -1796,7 +1796,7 @@ mod tests {
         run(&[2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, op::OPEN]);
     }
 
-    /// Every check [`Checks::KNOWN_OK`] leaves off has its reproducers in `host/fuzz/known/` (named after
+    /// Every check [`Checks::KNOWN_OK`] leaves off has its reproducers in `proto/fuzz/known/` (named after
     /// the check), and each still breaks that rule with [`Checks::ALL`], and nothing else: a check is never
     /// off without the input that shows why, nor left off once the host is fixed. (None is off today, and
     /// the folder does not exist.)
@@ -1845,7 +1845,7 @@ mod tests {
     }
 
     /// Runs the input in the file `FUZZ_INPUT` with every check, on stable: `FUZZ_INPUT=crash-… cargo test -p
-    /// voicehost --lib fuzzing::intake::tests::replay_input -- --ignored --nocapture`.
+    /// voicehost-proto --lib fuzzing::intake::tests::replay_input -- --ignored --nocapture`.
     #[test]
     #[ignore]
     fn replay_input() {
@@ -1857,7 +1857,7 @@ mod tests {
         run_with(&bytes, Checks::ALL);
     }
 
-    /// Writes the seeds into the corpus: `cargo test -p voicehost --lib fuzzing::intake::tests::write_seeds --
+    /// Writes the seeds into the corpus: `cargo test -p voicehost-proto --lib fuzzing::intake::tests::write_seeds --
     /// --ignored`, before `scripts/fuzz` minimises it.
     #[test]
     #[ignore]

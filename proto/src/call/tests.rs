@@ -16,9 +16,8 @@ fn start(audio: Option<i64>, resumable: bool) -> SessionStart {
 
 struct Test {
     call: Call,
-    out: VecDeque<Output>,
+    fx: Effects,
     now: Instant,
-    stats: Arc<Stats>,
 }
 
 impl Test {
@@ -39,19 +38,18 @@ impl Test {
     }
 
     fn with(start: SessionStart, limits: CallLimits, policy: FailurePolicy) -> Test {
-        let stats = Arc::new(Stats::default());
+        let mut fx = Effects::default();
         let mut test = Test {
-            call: Call::new(CallKey(1), &start, CONN, limits, policy, stats.clone()),
-            out: VecDeque::new(),
+            call: Call::new(CallKey(1), &start, CONN, limits, policy, &mut fx),
+            fx,
             now: Instant::now(),
-            stats,
         };
         assert_eq!(test.call.next_event(), Some(GuestEvent::Start));
         test
     }
 
     fn read(&mut self, frame: Frame) {
-        self.call.read(frame, self.now, &mut self.out);
+        self.call.read(frame, self.now, &mut self.fx);
     }
 
     fn said(&mut self, text: &str) {
@@ -74,12 +72,11 @@ impl Test {
             last: None,
         });
         let encoded = frames::encode_to_string(&frame).unwrap();
-        self.call.send(&frame, encoded, unwritten, &mut self.out)
+        self.call.send(&frame, encoded, unwritten, &mut self.fx)
     }
 
     fn tool(&mut self, name: &str) -> Result<String, Refused> {
-        self.call
-            .tool(name.into(), None, 0, self.now, &mut self.out)
+        self.call.tool(name.into(), None, 0, self.now, &mut self.fx)
     }
 
     fn result(&mut self, call_ref: &str, ok: bool) {
@@ -113,7 +110,7 @@ impl Test {
             audio: stream.map(|stream| SessionResumedAudio { stream }),
         };
         self.call
-            .resumed(conn, &frame, |_| true, self.now, &mut self.out);
+            .resumed(conn, &frame, |_| true, self.now, &mut self.fx);
     }
 
     fn error(&mut self, conn: ConnId, code: &str, frame_type: &str) -> bool {
@@ -125,22 +122,22 @@ impl Test {
             session_id: Some("vs_1".into()),
             frame_type: Some(frame_type.into()),
         };
-        self.call.refused(conn, &error, self.now, &mut self.out)
+        self.call.refused(conn, &error, self.now, &mut self.fx)
     }
 
     fn move_to(&mut self, conn: ConnId) -> bool {
-        self.call.move_to(conn, self.now, &mut self.out)
+        self.call.move_to(conn, self.now, &mut self.fx)
     }
 
     fn later(&mut self, by: Duration) {
         self.now += by;
-        self.call.timeout(self.now, &mut self.out);
+        self.call.timeout(self.now, &mut self.fx);
     }
 
     /// The frames written, as (connection, type, text or call_ref), and nothing else is kept.
     fn written(&mut self) -> Vec<(ConnId, String, String)> {
         let mut written = Vec::new();
-        for output in self.out.drain(..) {
+        for output in self.fx.out.drain(..) {
             if let Output::Frame { conn, text, .. } = output {
                 let json: Value = serde_json::from_str(&text).unwrap();
                 let detail = json
@@ -156,7 +153,7 @@ impl Test {
     }
 
     fn outputs(&mut self) -> Vec<Output> {
-        self.out.drain(..).collect()
+        self.fx.out.drain(..).collect()
     }
 
     fn events(&mut self) -> Vec<GuestEvent> {
@@ -362,7 +359,7 @@ fn an_error_about_another_frame_answers_no_tool() {
 #[test]
 fn the_end_answers_waiting_tools_ended_drops_queued_audio_and_is_heard_last() {
     let mut t = Test::audio();
-    t.call.audio(Bytes::from(vec![0u8; 640]), &mut t.out);
+    t.call.audio(Bytes::from(vec![0u8; 640]), &mut t.fx);
     t.tool("lookup").unwrap();
     t.end();
     let outputs = t.outputs();
@@ -378,7 +375,7 @@ fn the_end_answers_waiting_tools_ended_drops_queued_audio_and_is_heard_last() {
     assert!(t.call.forgettable());
     assert_eq!(t.say("late"), Err(Refused::Ended));
     assert_eq!(t.tool("lookup"), Err(Refused::Ended));
-    t.call.send_audio(&[0; 640], &mut t.out);
+    t.call.send_audio(&[0; 640], &mut t.fx);
     assert!(t.outputs().is_empty(), "no audio after the end");
     t.end();
     assert!(t.events().is_empty(), "the end is heard once");
@@ -392,20 +389,20 @@ fn a_call_without_a_token_is_lost_with_its_connection() {
         FailurePolicy::HangUp,
     );
     t.tool("lookup").unwrap();
-    t.call.connection_lost(CONN, t.now, &mut t.out);
+    t.call.connection_lost(CONN, t.now, &mut t.fx);
     assert!(t.call.finished());
     assert_eq!(
         answers(&t.outputs()),
         [("t1".to_string(), Err(Refused::Ended))]
     );
     assert_eq!(t.events(), [GuestEvent::Lost]);
-    assert_eq!(t.stats.sessions_lost.get(), 1);
+    assert_eq!(t.fx.stats.sessions_lost, 1);
 }
 
 #[test]
 fn unreachable_sent_loses_call_after_window() {
     let mut t = Test::text();
-    t.call.connection_lost(CONN, t.now, &mut t.out);
+    t.call.connection_lost(CONN, t.now, &mut t.fx);
     assert_eq!(t.call.place(), Place::Detached);
     t.say("held").unwrap();
     t.later(Duration::from_millis(1999));
@@ -428,12 +425,12 @@ fn resume_failed_loses_session() {
 fn an_unanswered_resume_is_lost_with_its_connection_or_its_deadline() {
     let mut t = Test::text();
     t.move_to(OTHER);
-    t.call.connection_lost(CONN, t.now, &mut t.out);
+    t.call.connection_lost(CONN, t.now, &mut t.fx);
     assert!(
         !t.call.finished(),
         "the old connection does not matter any more"
     );
-    t.call.connection_lost(OTHER, t.now, &mut t.out);
+    t.call.connection_lost(OTHER, t.now, &mut t.fx);
     assert!(t.call.finished());
 
     let mut t = Test::text();
@@ -448,7 +445,7 @@ fn connection_full_resumes_elsewhere() {
     t.move_to(OTHER);
     assert!(t.error(OTHER, "connection_full", "session.resume"));
     assert_eq!(t.call.place(), Place::Detached);
-    t.call.send_audio(&[1; 640], &mut t.out);
+    t.call.send_audio(&[1; 640], &mut t.fx);
     t.outputs();
     assert!(t.move_to(3));
     t.resumed(3, 0, Some(4));
@@ -459,7 +456,7 @@ fn connection_full_resumes_elsewhere() {
             stream: Some(4)
         }
     );
-    t.call.send_audio(&[1; 640], &mut t.out);
+    t.call.send_audio(&[1; 640], &mut t.fx);
     let audio: Vec<_> = t
         .outputs()
         .into_iter()
@@ -481,9 +478,9 @@ fn resumed_without_stream_sends_no_audio() {
     t.move_to(OTHER);
     t.resumed(OTHER, 0, None);
     t.outputs();
-    t.call.send_audio(&[1; 640], &mut t.out);
+    t.call.send_audio(&[1; 640], &mut t.fx);
     assert!(t.outputs().is_empty());
-    assert_eq!(t.stats.audio_out_dropped.get(), 1);
+    assert_eq!(t.fx.stats.audio_out_dropped, 1);
 }
 
 #[test]
@@ -491,7 +488,7 @@ fn oversized_audio_is_cut() {
     let mut t = Test::audio();
     // 2 s of 16 kHz: only the last second may wait for the writer, in messages of at most 200 ms.
     let samples: Vec<u8> = (0..64_000).map(|n| (n / 2) as u8).collect();
-    t.call.send_audio(&samples, &mut t.out);
+    t.call.send_audio(&samples, &mut t.fx);
     let messages: Vec<Bytes> = t
         .outputs()
         .into_iter()
@@ -509,7 +506,7 @@ fn oversized_audio_is_cut() {
 fn caller_audio_backlog_bounded() {
     let mut t = Test::audio();
     for n in 0..60u8 {
-        t.call.audio(Bytes::from(vec![n; 640]), &mut t.out);
+        t.call.audio(Bytes::from(vec![n; 640]), &mut t.fx);
     }
     let events = t.events();
     assert_eq!(events.len(), 50, "one second of 20 ms frames");
@@ -517,7 +514,7 @@ fn caller_audio_backlog_bounded() {
         matches!(&events[0], GuestEvent::Audio(a) if a[0] == 10),
         "the oldest went first"
     );
-    assert_eq!(t.stats.audio_dropped.get(), 10);
+    assert_eq!(t.fx.stats.audio_dropped, 10);
 }
 
 #[test]
@@ -548,8 +545,8 @@ fn flooded_call_gets_failure_policy() {
     assert_eq!(written.len(), 1);
     assert_eq!(written[0].1, "tool.call", "the failure policy's hangup");
     assert!(t.events().is_empty(), "the guest hears nothing more");
-    assert_eq!(t.stats.frames_dropped.get(), 1);
-    assert_eq!(t.stats.policies_applied.get(), 1);
+    assert_eq!(t.fx.stats.frames_dropped, 1);
+    assert_eq!(t.fx.stats.policies_applied, 1);
     t.end();
     assert_eq!(
         t.events(),
@@ -564,7 +561,7 @@ fn flooded_call_gets_failure_policy() {
 fn failed_policy_transfer_hangs_up() {
     let policy = FailurePolicy::transfer("number", "+14155550100").unwrap();
     let mut t = Test::with(start(None, true), CallLimits::default(), policy.clone());
-    t.call.give_up(t.now, &mut t.out);
+    t.call.give_up(t.now, &mut t.fx);
     let written = t.written();
     assert_eq!(written, [(CONN, "tool.call".into(), "t1".into())]);
     t.result("t1", false);
@@ -573,7 +570,7 @@ fn failed_policy_transfer_hangs_up() {
 
     // A transfer nobody answers is followed by a hangup too.
     let mut t = Test::with(start(None, true), CallLimits::default(), policy);
-    t.call.give_up(t.now, &mut t.out);
+    t.call.give_up(t.now, &mut t.fx);
     t.written();
     t.later(Duration::from_secs(31));
     assert_eq!(t.written(), [(CONN, "tool.call".into(), "t2".into())]);
@@ -581,7 +578,7 @@ fn failed_policy_transfer_hangs_up() {
 
 impl Test {
     fn give_up_again(&mut self) {
-        self.call.give_up(self.now, &mut self.out);
+        self.call.give_up(self.now, &mut self.fx);
         assert!(self.written().is_empty(), "the policy runs once");
     }
 }
@@ -594,7 +591,7 @@ fn the_failure_policy_is_not_under_the_guests_cap() {
     }
     assert_eq!(t.tool("lookup"), Err(Refused::OverLimit));
     t.outputs();
-    t.call.give_up(t.now, &mut t.out);
+    t.call.give_up(t.now, &mut t.fx);
     assert_eq!(t.written().len(), 1, "the hangup goes out");
 }
 

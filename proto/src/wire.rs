@@ -6,6 +6,13 @@ pub use sentdm_voice_agents::frames::{
     self, Frame, CONNECT_PATH, FROM_SENT, RETAINED_FRAMES, SUBPROTOCOL, UNCOUNTED,
 };
 
+/// The `pong` answering a `ping`'s `ts` (one place builds it, for the router and for a connection that is
+/// not ready yet).
+pub fn pong(ts: i64) -> String {
+    frames::encode_to_string(&Frame::Pong(frames::Pong { ts }))
+        .unwrap_or_else(|_| format!(r#"{{"type":"pong","ts":{ts}}}"#))
+}
+
 /// Whether a session frame of this type counts towards `received` (Counting frames in the protocol).
 pub fn counted(frame_type: &str) -> bool {
     !UNCOUNTED.contains(&frame_type)

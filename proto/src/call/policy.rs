@@ -6,11 +6,11 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
-use utoipa::ToSchema;
 
 /// What the host does with a call its agent cannot serve (it keeps trapping, it is over a session cap, it
 /// could not be instantiated, or it cannot keep up with Sent).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(tag = "action", rename_all = "lowercase", try_from = "PolicyFields")]
 pub enum FailurePolicy {
     /// End the call with the hangup tool.
@@ -25,16 +25,17 @@ pub enum FailurePolicy {
 
 /// A party as Sent's `transfer` tool takes it: a kind (`number`, `user`, `agent`, `sip`, …) and a value,
 /// neither empty.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(try_from = "PartyFields")]
-#[schema(as = TransferTarget)]
+#[cfg_attr(feature = "schema", schema(as = TransferTarget))]
 pub struct Party {
     /// The kind of party, e.g. `number`; Sent's kinds are `user`, `number`, `conference`, `agent` and
     /// `anonymous` today.
-    #[schema(min_length = 1, example = "number")]
+    #[cfg_attr(feature = "schema", schema(min_length = 1, example = "number"))]
     kind: String,
     /// Who, for that kind: an E.164 phone number for `number`, an id for the others.
-    #[schema(min_length = 1, example = "+14155550100")]
+    #[cfg_attr(feature = "schema", schema(min_length = 1, example = "+14155550100"))]
     value: String,
 }
 

@@ -17,15 +17,14 @@
 //! * `window_ms`: a detached call is lost when its window has passed;
 //! * bounds: the guest's backlog of Sent's frames and caller audio, held frames, audio per message.
 
-use crate::protocol::{frames, Frame, MAX_AUDIO_MS_PER_MESSAGE, RETAINED_FRAMES};
 use crate::stats::Stats;
+use crate::wire::{frames, Frame, MAX_AUDIO_MS_PER_MESSAGE, RETAINED_FRAMES};
 use bytes::{Bytes, BytesMut};
 use sentdm_voice_agents::frames::{
     ErrorFrame, SessionResume, SessionResumed, SessionStart, ToolCall,
 };
 use serde_json::{Map, Value};
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
@@ -261,6 +260,16 @@ pub enum Output {
     },
 }
 
+/// What handling an input leaves behind: the outputs to carry out, in order, and what was counted. The
+/// router owns one and lends it to the call it runs.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// What to do, in order.
+    pub out: VecDeque<Output>,
+    /// What the router and its calls have counted so far.
+    pub stats: Stats,
+}
+
 /// Where a call is, for the router's index of sessions and streams per connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Place {
@@ -368,7 +377,6 @@ pub struct Call {
     gave_up: bool,
     policy: FailurePolicy,
     limits: CallLimits,
-    stats: Arc<Stats>,
 }
 
 impl Call {
@@ -379,14 +387,14 @@ impl Call {
         conn: ConnId,
         limits: CallLimits,
         policy: FailurePolicy,
-        stats: Arc<Stats>,
+        fx: &mut Effects,
     ) -> Call {
         let media = Media::of(start);
         let stream = start
             .audio
             .as_ref()
             .and_then(|a| u16::try_from(a.stream).ok());
-        stats.sessions_started.inc();
+        fx.stats.sessions_started += 1;
         Call {
             key,
             id: start.session_id.clone(),
@@ -407,7 +415,6 @@ impl Call {
             gave_up: false,
             policy,
             limits,
-            stats,
         }
     }
 
@@ -463,14 +470,14 @@ impl Call {
     // ----- Sent's side -----
 
     /// A frame of Sent's for this call, arriving on the connection it is live on (the router checks that).
-    pub fn read(&mut self, frame: Frame, now: Instant, out: &mut VecDeque<Output>) {
+    pub fn read(&mut self, frame: Frame, now: Instant, fx: &mut Effects) {
         if self.finished() {
             return;
         }
         // [scenario: unknown_frames_counted] Every session frame counts but the uncounted types.
-        if crate::protocol::counted(frame.frame_type()) {
+        if crate::wire::counted(frame.frame_type()) {
             self.received = self.received.saturating_add(1);
-            self.stats.frames_in.inc();
+            fx.stats.frames_in += 1;
         }
         match frame {
             Frame::UserSaid(said) => {
@@ -482,7 +489,7 @@ impl Call {
                     },
                     bytes,
                     now,
-                    out,
+                    fx,
                 );
             }
             Frame::ToolResult(result) => {
@@ -491,15 +498,15 @@ impl Call {
                     ok: result.ok,
                     error: result.error.map(|e| (e.code, e.message)),
                 };
-                self.tool_answered(answer, now, out);
+                self.tool_answered(answer, now, fx);
             }
             Frame::SessionEnd(end) => {
-                self.stats.sessions_ended.inc();
+                fx.stats.sessions_ended += 1;
                 let event = GuestEvent::End {
                     reason: end.reason,
                     duration_ms: end.duration_ms.max(0) as u64,
                 };
-                self.finish(State::Ended, event, out);
+                self.finish(State::Ended, event, fx);
             }
             Frame::Unknown(unknown) => {
                 let json = Value::Object(unknown.fields).to_string();
@@ -511,7 +518,7 @@ impl Call {
                     },
                     bytes,
                     now,
-                    out,
+                    fx,
                 );
             }
             // The router handles the rest (start, resumed, error); the intake drops the agent's own types.
@@ -520,11 +527,11 @@ impl Call {
     }
 
     /// Caller audio for this call (samples, header stripped), arriving on the connection it is live on.
-    pub fn audio(&mut self, samples: Bytes, out: &mut VecDeque<Output>) {
+    pub fn audio(&mut self, samples: Bytes, fx: &mut Effects) {
         if self.finished() || self.guest != Guest::Serving || self.media == Media::Text {
             return;
         }
-        self.stats.audio_in.inc();
+        fx.stats.audio_in += 1;
         // Caller audio waiting for a busy guest is bounded by duration: the oldest goes first, counted.
         // Counted frames are never dropped this way. (No scenario: the unit test
         // `caller_audio_backlog_bounded`.)
@@ -542,12 +549,12 @@ impl Call {
             };
             if let Some(GuestEvent::Audio(dropped)) = self.events.remove(at) {
                 self.audio_queued -= dropped.len();
-                self.stats.audio_dropped.inc();
+                fx.stats.audio_dropped += 1;
             }
         }
         self.audio_queued += samples.len();
         self.events.push_back(GuestEvent::Audio(samples));
-        out.push_back(Output::Wake { key: self.key });
+        fx.out.push_back(Output::Wake { key: self.key });
     }
 
     /// Sent's `session.resumed` on the connection the call is moving to: the next token and stream, then
@@ -558,7 +565,7 @@ impl Call {
         frame: &SessionResumed,
         stream_free: impl Fn(u16) -> bool,
         now: Instant,
-        out: &mut VecDeque<Output>,
+        fx: &mut Effects,
     ) {
         if !matches!(self.state, State::Moving { to, .. } if to == conn) {
             return;
@@ -580,15 +587,15 @@ impl Call {
             Media::Text => None,
         };
         self.state = State::Live { conn, stream };
-        self.stats.resumes.inc();
-        self.replay(conn, frame.received, now, out);
+        fx.stats.resumes += 1;
+        self.replay(conn, frame.received, now, fx);
     }
 
     /// [scenario: speech_during_a_resume_is_held, reply_across_a_drop_arrives_once, replay_gap_hangs_up,
     /// huge_received_does_not_wrap] Sends again, in order and once, what Sent did not read; a hangup when
     /// Sent needs frames no longer kept. A `received` past what was sent is Sent's mistake: nothing is sent
     /// again for it.
-    fn replay(&mut self, conn: ConnId, received: i64, now: Instant, out: &mut VecDeque<Output>) {
+    fn replay(&mut self, conn: ConnId, received: i64, now: Instant, fx: &mut Effects) {
         let sent = self.sent();
         let read = (received.max(0) as u64).min(sent);
         if read < self.before {
@@ -600,19 +607,19 @@ impl Call {
                 session = self.id,
                 "Sent needs frames no longer kept: hanging up"
             );
-            self.issue_tool("hangup", None, Owner::HostHangup, now, out);
+            self.issue_tool("hangup", None, Owner::HostHangup, now, fx);
             return;
         }
         let acknowledged = (read - self.before) as usize;
         self.kept.drain(..acknowledged);
         self.before = read;
         for kept in &self.kept {
-            out.push_back(Output::Frame {
+            fx.out.push_back(Output::Frame {
                 conn,
                 key: self.key,
                 text: kept.text.clone(),
             });
-            self.stats.frames_out.inc();
+            fx.stats.frames_out += 1;
         }
         self.handed = self.sent();
     }
@@ -624,7 +631,7 @@ impl Call {
         conn: ConnId,
         error: &ErrorFrame,
         now: Instant,
-        out: &mut VecDeque<Output>,
+        fx: &mut Effects,
     ) -> bool {
         let code = error.error.code.as_str();
         let about_resume = error.frame_type.as_deref() == Some("session.resume")
@@ -640,7 +647,7 @@ impl Call {
                     true
                 } else {
                     // [scenario: resume_failed_loses_session]
-                    self.lose(out);
+                    self.lose(fx);
                     false
                 }
             }
@@ -657,7 +664,7 @@ impl Call {
                         ok: false,
                         error: Some((code.to_string(), error.error.message.clone())),
                     };
-                    self.answer(waiting.owner, answer, true, now, out);
+                    self.answer(waiting.owner, answer, true, now, fx);
                 }
                 false
             }
@@ -678,12 +685,12 @@ impl Call {
     /// The call moves to `conn`: until `session.resumed` arrives there, frames are held and audio dropped.
     /// What is still queued on its old connection is retracted (a replay brings it again). Returns false
     /// when it cannot move (no token, or it is moving already).
-    pub fn move_to(&mut self, conn: ConnId, now: Instant, out: &mut VecDeque<Output>) -> bool {
+    pub fn move_to(&mut self, conn: ConnId, now: Instant, fx: &mut Effects) -> bool {
         let Some(token) = self.token.clone() else {
             return false;
         };
         match self.state {
-            State::Live { conn: old, .. } => out.push_back(Output::Retract {
+            State::Live { conn: old, .. } => fx.out.push_back(Output::Retract {
                 conn: old,
                 key: self.key,
             }),
@@ -698,7 +705,7 @@ impl Call {
         let Ok(text) = frames::encode_to_string(&resume) else {
             return false;
         };
-        out.push_back(Output::Frame {
+        fx.out.push_back(Output::Frame {
             conn,
             key: self.key,
             text,
@@ -713,7 +720,7 @@ impl Call {
     /// The connection `conn` is gone. A call live on it with a token waits, detached, for another one
     /// until its window has passed; without a token it is lost. A call whose resume was out on it is lost
     /// (its resume was never answered). [scenario: lost_connection_resumes]
-    pub fn connection_lost(&mut self, conn: ConnId, now: Instant, out: &mut VecDeque<Output>) {
+    pub fn connection_lost(&mut self, conn: ConnId, now: Instant, fx: &mut Effects) {
         match self.state {
             State::Live { conn: on, .. } if on == conn => {
                 if self.token.is_some() {
@@ -721,18 +728,18 @@ impl Call {
                         deadline: now + self.window,
                     };
                 } else {
-                    self.lose(out);
+                    self.lose(fx);
                 }
             }
-            State::Moving { to, .. } if to == conn => self.lose(out),
+            State::Moving { to, .. } if to == conn => self.lose(fx),
             _ => {}
         }
     }
 
     /// The host is stopping: the call is lost (its connection closes with 1000; Sent sends it to its
     /// fallback).
-    pub fn stop(&mut self, out: &mut VecDeque<Output>) {
-        self.lose(out);
+    pub fn stop(&mut self, fx: &mut Effects) {
+        self.lose(fx);
     }
 
     /// The earliest moment something is due: a resume's answer, the resume window, a tool's answer.
@@ -746,17 +753,17 @@ impl Call {
     }
 
     /// What is due at `now`.
-    pub fn timeout(&mut self, now: Instant, out: &mut VecDeque<Output>) {
+    pub fn timeout(&mut self, now: Instant, fx: &mut Effects) {
         match self.state {
             // [scenario: unreachable_sent_loses_call_after_window] Sent keeps a call for a resume only for
             // its window: past it the call is lost here too.
             State::Detached { deadline } if deadline <= now => {
                 tracing::info!(session = self.id, "the resume window has passed");
-                self.lose(out);
+                self.lose(fx);
             }
             State::Moving { deadline, .. } if deadline <= now => {
                 tracing::warn!(session = self.id, "Sent did not answer the resume");
-                self.lose(out);
+                self.lose(fx);
             }
             _ => {}
         }
@@ -764,7 +771,7 @@ impl Call {
         // `timed-out`, and leaves no entry behind.
         while let Some(at) = self.waiting.iter().position(|w| w.deadline <= now) {
             let waiting = self.waiting.remove(at);
-            self.answer_refused(waiting.owner, waiting.n, Refused::TimedOut, now, out);
+            self.answer_refused(waiting.owner, waiting.n, Refused::TimedOut, now, fx);
         }
     }
 
@@ -796,7 +803,7 @@ impl Call {
         frame: &Frame,
         text: String,
         unwritten: usize,
-        out: &mut VecDeque<Output>,
+        fx: &mut Effects,
     ) -> Result<(), Refused> {
         if self.finished() {
             return Err(Refused::Ended);
@@ -805,7 +812,7 @@ impl Call {
             return Err(Refused::WrongMedia);
         }
         self.room_for_a_frame(unwritten)?;
-        self.keep_and_hand(text, None, out);
+        self.keep_and_hand(text, None, fx);
         Ok(())
     }
 
@@ -824,18 +831,18 @@ impl Call {
     }
 
     /// Counts and keeps one of our frames, and writes it if the call is on a connection.
-    fn keep_and_hand(&mut self, text: String, tool: Option<u64>, out: &mut VecDeque<Output>) {
+    fn keep_and_hand(&mut self, text: String, tool: Option<u64>, fx: &mut Effects) {
         let live = match self.state {
             State::Live { conn, .. } => Some(conn),
             _ => None,
         };
         if let Some(conn) = live {
-            out.push_back(Output::Frame {
+            fx.out.push_back(Output::Frame {
                 conn,
                 key: self.key,
                 text: text.clone(),
             });
-            self.stats.frames_out.inc();
+            fx.stats.frames_out += 1;
         }
         self.kept.push_back(Kept { text, tool });
         if self.kept.len() > RETAINED_FRAMES {
@@ -854,7 +861,7 @@ impl Call {
         arguments: Option<Map<String, Value>>,
         unwritten: usize,
         now: Instant,
-        out: &mut VecDeque<Output>,
+        fx: &mut Effects,
     ) -> Result<String, Refused> {
         if self.finished() {
             return Err(Refused::Ended);
@@ -885,13 +892,13 @@ impl Call {
             owner: Owner::Guest,
             deadline: now + self.limits.tool_timeout,
         });
-        self.keep_and_hand(text, Some(n), out);
+        self.keep_and_hand(text, Some(n), fx);
         Ok(call_ref(n))
     }
 
     /// The guest's audio: cut into messages of at most 200 ms, written on the call's stream; dropped (and
     /// counted) after the end, while the call moves, without a stream, and on a text call.
-    pub fn send_audio(&mut self, samples: &[u8], out: &mut VecDeque<Output>) {
+    pub fn send_audio(&mut self, samples: &[u8], fx: &mut Effects) {
         // [scenario: audio_after_end_not_delivered, speech_during_a_resume_is_held] No audio after the end, none while
         // moving: the old stream may be another caller's on the new connection.
         let State::Live {
@@ -900,7 +907,7 @@ impl Call {
         } = self.state
         else {
             if self.media != Media::Text && !samples.is_empty() {
-                self.stats.audio_out_dropped.inc();
+                fx.stats.audio_out_dropped += 1;
             }
             return;
         };
@@ -914,40 +921,40 @@ impl Call {
         let samples = &samples[..samples.len() & !1];
         let skip = samples.len().saturating_sub(backlog) & !1;
         if skip > 0 {
-            self.stats.audio_out_dropped.inc();
+            fx.stats.audio_out_dropped += 1;
         }
         for chunk in samples[skip..].chunks(per_message) {
             let mut message = BytesMut::with_capacity(2 + chunk.len());
             message.extend_from_slice(&stream.to_be_bytes());
             message.extend_from_slice(chunk);
-            out.push_back(Output::Audio {
+            fx.out.push_back(Output::Audio {
                 conn,
                 key: self.key,
                 message: message.freeze(),
                 backlog,
             });
-            self.stats.audio_out.inc();
+            fx.stats.audio_out += 1;
         }
     }
 
     /// The agent cannot serve the call: the guest gets no more events (but the last), and the failure
     /// policy runs once: a transfer, followed by a hangup if it fails; or a hangup.
-    pub fn give_up(&mut self, now: Instant, out: &mut VecDeque<Output>) {
+    pub fn give_up(&mut self, now: Instant, fx: &mut Effects) {
         self.abandon();
         if self.gave_up || self.finished() {
             return;
         }
         self.gave_up = true;
-        self.stats.policies_applied.inc();
+        fx.stats.policies_applied += 1;
         match self.policy.clone() {
-            FailurePolicy::HangUp => self.issue_tool("hangup", None, Owner::HostHangup, now, out),
+            FailurePolicy::HangUp => self.issue_tool("hangup", None, Owner::HostHangup, now, fx),
             FailurePolicy::Transfer { to: party } => {
                 let mut to = Map::new();
                 to.insert("kind".into(), Value::String(party.kind().into()));
                 to.insert("value".into(), Value::String(party.value().into()));
                 let mut arguments = Map::new();
                 arguments.insert("to".into(), Value::Object(to));
-                self.issue_tool("transfer", Some(arguments), Owner::PolicyTransfer, now, out);
+                self.issue_tool("transfer", Some(arguments), Owner::PolicyTransfer, now, fx);
             }
         }
     }
@@ -981,7 +988,7 @@ impl Call {
         arguments: Option<Map<String, Value>>,
         owner: Owner,
         now: Instant,
-        out: &mut VecDeque<Output>,
+        fx: &mut Effects,
     ) {
         if self.finished() {
             return;
@@ -1007,20 +1014,20 @@ impl Call {
             owner,
             deadline: now + self.limits.tool_timeout,
         });
-        self.keep_and_hand(text, Some(n), out);
+        self.keep_and_hand(text, Some(n), fx);
     }
 
     /// Sent's `tool.result`.
-    fn tool_answered(&mut self, answer: ToolAnswer, now: Instant, out: &mut VecDeque<Output>) {
+    fn tool_answered(&mut self, answer: ToolAnswer, now: Instant, fx: &mut Effects) {
         let n = parse_call_ref(&answer.call_ref);
         match n.and_then(|n| self.waiting.iter().position(|w| w.n == n)) {
             Some(at) => {
                 let waiting = self.waiting.remove(at);
-                self.answer(waiting.owner, answer, false, now, out);
+                self.answer(waiting.owner, answer, false, now, fx);
             }
             // A late answer (the call timed out) still reaches the guest's handler.
             None if n.is_some_and(|n| n <= self.tools_issued) => {
-                self.deliver(GuestEvent::ToolResult(answer), 0, now, out);
+                self.deliver(GuestEvent::ToolResult(answer), 0, now, fx);
             }
             // [scenario: unknown_tool_result_ignored] An answer to a call never issued reaches nobody.
             None => tracing::debug!(session = self.id, "a tool.result for no call: ignored"),
@@ -1034,16 +1041,16 @@ impl Call {
         answer: ToolAnswer,
         refused_by_sent: bool,
         now: Instant,
-        out: &mut VecDeque<Output>,
+        fx: &mut Effects,
     ) {
         match owner {
             Owner::Guest => {
-                out.push_back(Output::Answer {
+                fx.out.push_back(Output::Answer {
                     key: self.key,
                     call_ref: answer.call_ref.clone(),
                     answer: Ok(answer.clone()),
                 });
-                self.deliver(GuestEvent::ToolResult(answer), 0, now, out);
+                self.deliver(GuestEvent::ToolResult(answer), 0, now, fx);
             }
             // [scenario: failed_policy_transfer_hangs_up] A failed transfer of the failure policy is
             // followed by a hangup.
@@ -1054,7 +1061,7 @@ impl Call {
                     refused_by_sent,
                     "the failure policy's transfer failed: hanging up"
                 );
-                self.issue_tool("hangup", None, Owner::HostHangup, now, out);
+                self.issue_tool("hangup", None, Owner::HostHangup, now, fx);
             }
             Owner::PolicyTransfer => {}
             Owner::HostHangup if !answer.ok => {
@@ -1075,10 +1082,10 @@ impl Call {
         n: u64,
         refused: Refused,
         now: Instant,
-        out: &mut VecDeque<Output>,
+        fx: &mut Effects,
     ) {
         match owner {
-            Owner::Guest => out.push_back(Output::Answer {
+            Owner::Guest => fx.out.push_back(Output::Answer {
                 key: self.key,
                 call_ref: call_ref(n),
                 answer: Err(refused),
@@ -1088,7 +1095,7 @@ impl Call {
                     session = self.id,
                     "the failure policy's transfer went unanswered: hanging up"
                 );
-                self.issue_tool("hangup", None, Owner::HostHangup, now, out);
+                self.issue_tool("hangup", None, Owner::HostHangup, now, fx);
             }
             Owner::PolicyTransfer | Owner::HostHangup => {}
         }
@@ -1097,47 +1104,41 @@ impl Call {
     /// Queues one of Sent's frames for the guest. [scenario: flooded_call_gets_failure_policy] Past the
     /// backlog the guest cannot keep up: the frame is dropped (counted) and the call gets its failure
     /// policy.
-    fn deliver(
-        &mut self,
-        event: GuestEvent,
-        bytes: usize,
-        now: Instant,
-        out: &mut VecDeque<Output>,
-    ) {
+    fn deliver(&mut self, event: GuestEvent, bytes: usize, now: Instant, fx: &mut Effects) {
         if self.guest != Guest::Serving {
             return;
         }
         let (count, size) = self.frames_queued;
         if count >= self.limits.frame_backlog || size + bytes > self.limits.frame_backlog_bytes {
-            self.stats.frames_dropped.inc();
+            fx.stats.frames_dropped += 1;
             tracing::warn!(
                 session = self.id,
                 queued = count,
                 "the agent cannot keep up with Sent's frames: applying its failure policy"
             );
-            self.give_up(now, out);
+            self.give_up(now, fx);
             return;
         }
         self.frames_queued = (count + 1, size + bytes);
         self.events.push_back(event);
-        out.push_back(Output::Wake { key: self.key });
+        fx.out.push_back(Output::Wake { key: self.key });
     }
 
-    fn lose(&mut self, out: &mut VecDeque<Output>) {
+    fn lose(&mut self, fx: &mut Effects) {
         if self.finished() {
             return;
         }
-        self.stats.sessions_lost.inc();
+        fx.stats.sessions_lost += 1;
         tracing::info!(session = self.id, "session lost");
-        self.finish(State::Lost, GuestEvent::Lost, out);
+        self.finish(State::Lost, GuestEvent::Lost, fx);
     }
 
     /// [scenario: resume_failed_loses_session, audio_after_end_not_delivered] The end or the loss, once:
     /// every waiting tool call is answered `ended`, queued caller audio and everything still queued for
     /// Sent is dropped, and the guest hears of it last.
-    fn finish(&mut self, state: State, event: GuestEvent, out: &mut VecDeque<Output>) {
+    fn finish(&mut self, state: State, event: GuestEvent, fx: &mut Effects) {
         if let State::Live { conn, .. } | State::Moving { to: conn, .. } = self.state {
-            out.push_back(Output::Retract {
+            fx.out.push_back(Output::Retract {
                 conn,
                 key: self.key,
             });
@@ -1145,7 +1146,7 @@ impl Call {
         self.state = state;
         for waiting in std::mem::take(&mut self.waiting) {
             if waiting.owner == Owner::Guest {
-                out.push_back(Output::Answer {
+                fx.out.push_back(Output::Answer {
                     key: self.key,
                     call_ref: call_ref(waiting.n),
                     answer: Err(Refused::Ended),
@@ -1155,7 +1156,7 @@ impl Call {
         let before = self.events.len();
         self.events.retain(|e| !matches!(e, GuestEvent::Audio(_)));
         for _ in self.events.len()..before {
-            self.stats.audio_dropped.inc();
+            fx.stats.audio_dropped += 1;
         }
         self.audio_queued = 0;
         match self.guest {
@@ -1166,7 +1167,7 @@ impl Call {
             }
             Guest::Gone => return,
         }
-        out.push_back(Output::Wake { key: self.key });
+        fx.out.push_back(Output::Wake { key: self.key });
     }
 }
 

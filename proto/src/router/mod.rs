@@ -4,17 +4,16 @@
 //! connections nobody needs. It owns every [`Call`]; [`super`] wraps it in a lock and moves inputs in
 //! (events of the connections in one FIFO, the guests' requests, the clock) and [`Output`]s out.
 
-use super::backoff;
+use crate::backoff;
 use crate::call::{
-    Call, CallKey, CallLimits, ConnId, FailurePolicy, GuestEvent, Output, Place, Refused,
+    Call, CallKey, CallLimits, ConnId, Effects, FailurePolicy, GuestEvent, Output, Place, Refused,
 };
-use crate::protocol::{frames, loggable, Frame};
 use crate::stats::Stats;
+use crate::wire::{self, loggable, Frame};
 use bytes::Bytes;
 use sentdm_voice_agents::frames::{ConnectionReady, ErrorFrame, SessionResumed, SessionStart};
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
@@ -91,17 +90,17 @@ pub struct Router {
     deadlines: BTreeSet<(Instant, CallKey)>,
     next_conn: ConnId,
     next_key: u64,
-    out: VecDeque<Output>,
+    /// The outputs waiting to be polled, and the counts.
+    fx: Effects,
     /// The latest moment an input carried: the router reads no clock of its own.
     now: Instant,
     rng: fastrand::Rng,
     stopped: bool,
-    stats: Arc<Stats>,
 }
 
 impl Router {
     /// A router that has dialled nothing yet; `seed` drives the backoff's jitter.
-    pub fn new(config: RouterConfig, stats: Arc<Stats>, seed: u64, now: Instant) -> Router {
+    pub fn new(config: RouterConfig, seed: u64, now: Instant) -> Router {
         let connections = config.connections.max(1);
         Router {
             max_connections: connections + EXTRA_CONNECTIONS,
@@ -118,11 +117,10 @@ impl Router {
             deadlines: BTreeSet::new(),
             next_conn: 1,
             next_key: 1,
-            out: VecDeque::new(),
+            fx: Effects::default(),
             now,
             rng: fastrand::Rng::with_seed(seed),
             stopped: false,
-            stats,
         }
     }
 
@@ -139,9 +137,17 @@ impl Router {
         self.config.policy = policy;
     }
 
+    /// What the router and its calls have counted.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            connections_open: self.conns.len() as u64,
+            ..self.fx.stats
+        }
+    }
+
     /// The next thing to do, in order.
     pub fn poll_output(&mut self) -> Option<Output> {
-        self.out.pop_front()
+        self.fx.out.pop_front()
     }
 
     /// The earliest moment something is due ([`Router::timeout`] then).
@@ -191,15 +197,14 @@ impl Router {
         self.now = self.now.max(now);
         let Some(dialing) = self.dialing.remove(&conn) else {
             // Not asked for (any more): closed at once.
-            self.out.push_back(Output::Close { conn });
+            self.fx.out.push_back(Output::Close { conn });
             return;
         };
         if self.stopped {
-            self.out.push_back(Output::Close { conn });
+            self.fx.out.push_back(Output::Close { conn });
             return;
         }
-        self.stats.connections_opened.inc();
-        self.stats.connections_open.inc();
+        self.fx.stats.connections_opened += 1;
         self.conns.insert(
             conn,
             Conn {
@@ -247,10 +252,10 @@ impl Router {
         // over.
         c.pinged = true;
         c.attempt = 0;
-        let pong = Frame::Pong(frames::Pong { ts });
-        if let Ok(text) = frames::encode_to_string(&pong) {
-            self.out.push_back(Output::Pong { conn, text });
-        }
+        self.fx.out.push_back(Output::Pong {
+            conn,
+            text: wire::pong(ts),
+        });
     }
 
     /// A frame from Sent on `conn` (read by the intake: valid, and of Sent's).
@@ -281,7 +286,7 @@ impl Router {
                 let Some(key) = self.live_on(conn, session_id) else {
                     return;
                 };
-                self.with_call(key, |call, out| call.read(frame, now, out));
+                self.with_call(key, |call, fx| call.read(frame, now, fx));
             }
         }
     }
@@ -297,7 +302,7 @@ impl Router {
         else {
             return;
         };
-        self.with_call(key, |call, out| call.audio(samples, out));
+        self.with_call(key, |call, fx| call.audio(samples, fx));
     }
 
     /// Connection `conn` has ended: its calls wait for another one (or are lost), and it is replaced.
@@ -308,9 +313,8 @@ impl Router {
             self.dial_failed(conn, now);
             return;
         };
-        self.stats.connections_open.dec();
         for key in &c.calls {
-            self.with_call(*key, |call, out| call.connection_lost(conn, now, out));
+            self.with_call(*key, |call, fx| call.connection_lost(conn, now, fx));
         }
         // [scenario: close_right_after_ready_keeps_dialling] A connection that dies is replaced, with a
         // backoff that grows until a connection proves itself with a ping.
@@ -328,7 +332,7 @@ impl Router {
             if at > now {
                 break;
             }
-            self.with_call(key, |call, out| call.timeout(now, out));
+            self.with_call(key, |call, fx| call.timeout(now, fx));
         }
         self.retire(now);
         self.place(now);
@@ -344,13 +348,12 @@ impl Router {
             if let Some(session) = self.calls.get(&key).map(|c| c.session_id().to_string()) {
                 tracing::info!(session, "stopping: the call goes to its fallback");
             }
-            self.with_call(key, |call, out| call.stop(out));
+            self.with_call(key, |call, fx| call.stop(fx));
         }
         for (conn, c) in std::mem::take(&mut self.conns) {
             if !c.closing {
-                self.out.push_back(Output::Close { conn });
+                self.fx.out.push_back(Output::Close { conn });
             }
-            self.stats.connections_open.dec();
         }
     }
 
@@ -372,7 +375,7 @@ impl Router {
         unwritten: impl Fn(ConnId, CallKey) -> usize,
     ) -> Result<(), Refused> {
         let queued = self.conn_of(key).map_or(0, |conn| unwritten(conn, key));
-        self.with_call(key, |call, out| call.send(frame, text, queued, out))
+        self.with_call(key, |call, fx| call.send(frame, text, queued, fx))
             .unwrap_or(Err(Refused::Ended))
     }
 
@@ -387,21 +390,19 @@ impl Router {
     ) -> Result<String, Refused> {
         self.now = self.now.max(now);
         let queued = self.conn_of(key).map_or(0, |conn| unwritten(conn, key));
-        self.with_call(key, |call, out| {
-            call.tool(name, arguments, queued, now, out)
-        })
-        .unwrap_or(Err(Refused::Ended))
+        self.with_call(key, |call, fx| call.tool(name, arguments, queued, now, fx))
+            .unwrap_or(Err(Refused::Ended))
     }
 
     /// The guest's audio for call `key` (16-bit little-endian samples), sent as [`Call::send_audio`] says.
     pub fn send_audio(&mut self, key: CallKey, samples: &[u8]) {
-        self.with_call(key, |call, out| call.send_audio(samples, out));
+        self.with_call(key, |call, fx| call.send_audio(samples, fx));
     }
 
     /// The agent cannot serve the call: its failure policy.
     pub fn give_up(&mut self, key: CallKey, now: Instant) {
         self.now = self.now.max(now);
-        self.with_call(key, |call, out| call.give_up(now, out));
+        self.with_call(key, |call, fx| call.give_up(now, fx));
     }
 
     /// The call's task has stopped: the call is forgotten once it is finished.
@@ -446,7 +447,7 @@ impl Router {
             extra,
             "connecting"
         );
-        self.out.push_back(Output::Dial { conn, delay });
+        self.fx.out.push_back(Output::Dial { conn, delay });
     }
 
     /// The live call of `session_id` on `conn`, if it is live there.
@@ -473,7 +474,7 @@ impl Router {
                 session = start.session_id,
                 "a session.start for a session already here: ignored"
             );
-            self.stats.frames_invalid.inc();
+            self.fx.stats.frames_invalid += 1;
             return;
         }
         let stream = start
@@ -488,7 +489,7 @@ impl Router {
                     stream,
                     "a session.start with a stream another call has here: ignored"
                 );
-                self.stats.frames_invalid.inc();
+                self.fx.stats.frames_invalid += 1;
                 return;
             }
         }
@@ -500,7 +501,7 @@ impl Router {
             conn,
             self.config.limits.clone(),
             self.config.policy.clone(),
-            self.stats.clone(),
+            &mut self.fx,
         );
         tracing::info!(
             conn,
@@ -512,11 +513,11 @@ impl Router {
         self.sessions.insert(start.session_id.clone(), key);
         self.calls.insert(key, call);
         self.reindex(key, Place::Done, place, None, None);
-        self.out.push_back(Output::Spawn {
+        self.fx.out.push_back(Output::Spawn {
             key,
             start: Box::new(start),
         });
-        self.out.push_back(Output::Wake { key });
+        self.fx.out.push_back(Output::Wake { key });
     }
 
     fn resumed(&mut self, conn: ConnId, resumed: SessionResumed, now: Instant) {
@@ -542,8 +543,8 @@ impl Router {
             );
         }
         tracing::info!(conn, session = resumed.session_id, "session resumed");
-        self.with_call(key, |call, out| {
-            call.resumed(conn, &resumed, |_| stream_free, now, out)
+        self.with_call(key, |call, fx| {
+            call.resumed(conn, &resumed, |_| stream_free, now, fx)
         });
     }
 
@@ -565,7 +566,7 @@ impl Router {
             return;
         };
         let full = self
-            .with_call(key, |call, out| call.refused(conn, &error, now, out))
+            .with_call(key, |call, fx| call.refused(conn, &error, now, fx))
             .unwrap_or(false);
         if full {
             if let Some(c) = self.conns.get_mut(&conn) {
@@ -631,7 +632,7 @@ impl Router {
                 .map(|(id, _)| *id);
             match target {
                 Some(conn) => {
-                    self.with_call(key, |call, out| call.move_to(conn, now, out));
+                    self.with_call(key, |call, fx| call.move_to(conn, now, fx));
                 }
                 None => {
                     homeless |= self
@@ -680,7 +681,7 @@ impl Router {
                 tracing::info!(conn, "closing a connection nobody needs");
                 c.closing = true;
                 c.empty_since = None;
-                self.out.push_back(Output::Close { conn });
+                self.fx.out.push_back(Output::Close { conn });
             }
         }
     }
@@ -711,11 +712,11 @@ impl Router {
     fn with_call<R>(
         &mut self,
         key: CallKey,
-        f: impl FnOnce(&mut Call, &mut VecDeque<Output>) -> R,
+        f: impl FnOnce(&mut Call, &mut Effects) -> R,
     ) -> Option<R> {
         let call = self.calls.get_mut(&key)?;
         let (place, deadline) = (call.place(), call.deadline());
-        let result = f(call, &mut self.out);
+        let result = f(call, &mut self.fx);
         let (after, next) = (call.place(), call.deadline());
         let forget = call.forgettable();
         self.reindex(key, place, after, deadline, next);

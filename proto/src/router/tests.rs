@@ -8,7 +8,6 @@ use sentdm_voice_agents::frames::{
 struct Test {
     router: Router,
     now: Instant,
-    stats: Arc<Stats>,
 }
 
 fn ready(max_sessions: i64) -> ConnectionReady {
@@ -68,16 +67,15 @@ fn said(id: &str, text: &str) -> Frame {
 
 impl Test {
     fn new(connections: usize) -> Test {
-        let stats = Arc::new(Stats::default());
         let now = Instant::now();
         let config = RouterConfig {
             connections,
             limits: CallLimits::default(),
             policy: FailurePolicy::HangUp,
         };
-        let mut router = Router::new(config, stats.clone(), 7, now);
+        let mut router = Router::new(config, 7, now);
         router.start();
-        Test { router, now, stats }
+        Test { router, now }
     }
 
     /// The dials asked for, by connection, with their delays.
@@ -167,7 +165,7 @@ fn duplicate_session_start_ignored() {
         .count();
     assert_eq!(spawns, 1);
     assert_eq!(t.router.calls(), 1);
-    assert_eq!(t.stats.frames_invalid.get(), 1);
+    assert_eq!(t.router.stats().frames_invalid, 1);
 }
 
 #[test]
@@ -421,7 +419,7 @@ fn stop_closes_every_connection_and_loses_every_call() {
     let outputs = t.outputs();
     assert!(outputs.contains(&Output::Close { conn: 1 }));
     assert_eq!(t.events("vs_a"), [GuestEvent::Start, GuestEvent::Lost]);
-    assert_eq!(t.stats.connections_open.get(), 0);
+    assert_eq!(t.router.stats().connections_open, 0);
     t.router.closed(1, t.now);
     assert!(t.dials().is_empty(), "a stopped router dials nothing");
 }
