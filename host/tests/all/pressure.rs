@@ -26,8 +26,13 @@ async fn host_for(needs: &Needs) -> Host {
     if let Some(ms) = needs.host.tool_timeout_ms {
         rules.call.tool_timeout = Duration::from_millis(ms);
     }
-    if let Some(number) = needs.host.transfer_to {
-        rules.policy = FailurePolicy::transfer("number", number).unwrap();
+    if let Some((kind, value)) = needs.host.transfer_to {
+        // A host that refuses the party where the policy is made keeps hanging up: the scenario then
+        // sees the hangup it wants.
+        rules.policy = FailurePolicy::transfer(kind, value).unwrap_or_else(|error| {
+            println!("the failure policy transfer:{kind}:{value} is refused ({error}): hanging up");
+            FailurePolicy::HangUp
+        });
     }
     Host::serve_with(
         &wasm,

@@ -36,7 +36,7 @@ pub const POLICY_NUMBER: &str = "+14155550100";
 const TRANSFER_POLICY: Needs = Needs {
     agent: AgentKind::VoicehostConformance,
     host: HostSettings {
-        transfer_to: Some(POLICY_NUMBER),
+        transfer_to: Some(("number", POLICY_NUMBER)),
         ..HostSettings::DEFAULT
     },
     ..Needs::CONFORMANCE
