@@ -111,6 +111,13 @@ pressure_tests!(
     oversized_audio_is_cut,
     audio_flood_bounded,
     speech_during_a_resume_is_held,
+    slow_reader_hears_all_speech,
+    frames_lost_unwritten_stay_replayable,
+    full_resume_keeps_the_drained_call,
+    unsendable_policy_transfer_hangs_up,
+    late_resumed_is_not_left_silent,
+    resumed_on_a_draining_connection_moves_on,
+    given_up_guest_stays_silent,
 );
 
 /// The scenario, and what the host counted: the call was lost once, and nothing is left live.
