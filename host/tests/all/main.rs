@@ -12,6 +12,7 @@ mod filesystem;
 mod guest_faults;
 mod operator;
 mod outbound;
+mod policy;
 mod pressure;
 mod quota;
 mod suite;

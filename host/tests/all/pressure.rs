@@ -26,8 +26,13 @@ async fn host_for(needs: &Needs) -> Host {
     if let Some(ms) = needs.host.tool_timeout_ms {
         rules.call.tool_timeout = Duration::from_millis(ms);
     }
-    if let Some(number) = needs.host.transfer_to {
-        rules.policy = FailurePolicy::transfer("number", number).unwrap();
+    if let Some((kind, value)) = needs.host.transfer_to {
+        // A host that refuses the party where the policy is made keeps hanging up: the scenario then
+        // sees the hangup it wants.
+        rules.policy = FailurePolicy::transfer(kind, value).unwrap_or_else(|error| {
+            println!("the failure policy transfer:{kind}:{value} is refused ({error}): hanging up");
+            FailurePolicy::HangUp
+        });
     }
     Host::serve_with(
         &wasm,
@@ -106,6 +111,13 @@ pressure_tests!(
     oversized_audio_is_cut,
     audio_flood_bounded,
     speech_during_a_resume_is_held,
+    slow_reader_hears_all_speech,
+    frames_lost_unwritten_stay_replayable,
+    full_resume_keeps_the_drained_call,
+    unsendable_policy_transfer_hangs_up,
+    late_resumed_is_not_left_silent,
+    resumed_on_a_draining_connection_moves_on,
+    given_up_guest_stays_silent,
 );
 
 /// The scenario, and what the host counted: the call was lost once, and nothing is left live.

@@ -36,7 +36,7 @@ pub const POLICY_NUMBER: &str = "+14155550100";
 const TRANSFER_POLICY: Needs = Needs {
     agent: AgentKind::VoicehostConformance,
     host: HostSettings {
-        transfer_to: Some(POLICY_NUMBER),
+        transfer_to: Some(("number", POLICY_NUMBER)),
         ..HostSettings::DEFAULT
     },
     ..Needs::CONFORMANCE
@@ -85,7 +85,34 @@ scenarios! {
     oversized_audio_is_cut [PROBER]: "one send-audio of 1 s reaches Sent as messages of at most 200 ms, all of it, in order",
     audio_flood_bounded [PROBER]: "a guest flooding send-audio while Sent does not read gets little of it through, and a neighbour call's echo on the same connection still works",
     speech_during_a_resume_is_held [PROBER]: "what the agent says while its resume is unanswered (the prober speaks a second after it heard the caller, whose connection dropped at once) is held, and sent once after session.resumed on the new connection",
+    slow_reader_hears_all_speech [PROBER]: "while Sent reads everything, only slowly, a burst of speech past the bound on unwritten frames waits instead of being refused: every utterance arrives, once, in order",
+    frames_lost_unwritten_stay_replayable [PROBER]: "frames still unwritten when their connection drops count as held, so the guest cannot say enough while detached to push them out of the 32 kept: the resume replays them all, with no hangup",
+    full_resume_keeps_the_drained_call [VOICEHOST]: "a call whose move off a draining connection is refused with connection_full is not lost while that connection is still open: it is served there until it can move",
+    unsendable_policy_transfer_hangs_up [UNSENDABLE_POLICY]: "a failure policy whose transfer the codec cannot send (a number without its +) still ends the call: Sent sees a hangup",
+    late_resumed_is_not_left_silent [VOICEHOST]: "a session.resumed that comes after the host stopped waiting for it (12 s) leaves no caller unserved: the caller is answered, or the agent hangs up",
+    resumed_on_a_draining_connection_moves_on [VOICEHOST]: "a call resumed on a connection that began draining while its resume was out moves on to another connection by itself, with nothing more from Sent",
+    given_up_guest_stays_silent [PROBER]: "once the host has sent the failure policy's hangup for a call, its guest's handler says and calls nothing more for it, even when its waiting tool is answered",
 }
+
+/// voicehost's conformance component, for scenarios that check voicehost's own timers and choices (the
+/// official SDK has none of them).
+const VOICEHOST: Needs = Needs {
+    agent: AgentKind::VoicehostConformance,
+    ..Needs::CONFORMANCE
+};
+
+/// A number without its leading `+`: the protocol's codec refuses it as a transfer's `to`.
+pub const UNSENDABLE_NUMBER: &str = "14155550100";
+
+/// voicehost's conformance component, whose failure policy transfers to a party the codec refuses.
+const UNSENDABLE_POLICY: Needs = Needs {
+    agent: AgentKind::VoicehostConformance,
+    host: HostSettings {
+        transfer_to: Some(("number", UNSENDABLE_NUMBER)),
+        ..HostSettings::DEFAULT
+    },
+    ..Needs::CONFORMANCE
+};
 
 /// The simulator a pressure scenario runs on: heartbeats every second (the protocol's minimum), small
 /// socket buffers so that what piles up while Sent does not read stays small, and the scenario's window.
@@ -1014,5 +1041,445 @@ async fn speech_during_a_resume_is_held(ctx: &Ctx) -> Result<()> {
         said == [PROBER_GREETING, "held", "after"],
         "the agent said {said:?}"
     );
+    Ok(())
+}
+
+// ----- speech under a backlog, held frames, moves that fail, timers, a guest given up on -----
+
+/// The agent's counted frames for `call` from record `from` on, as JSON, in the order Sent read them.
+fn frames_since(ctx: &Ctx, call: &Call, from: usize) -> Vec<Value> {
+    let id = call.id.clone();
+    ctx.sim
+        .recorder()
+        .since(from, |r| {
+            r.dir == Dir::FromAgent
+                && r.session.as_deref() == Some(id.as_str())
+                && matches!(r.what, What::Frame { counted: true, .. })
+        })
+        .iter()
+        .filter_map(|r| r.json().cloned())
+        .collect()
+}
+
+/// Waits up to `within` for the agent's counted frame for `call` (from record `from` on) that `wanted`
+/// picks.
+async fn frame_within(
+    ctx: &Ctx,
+    call: &Call,
+    from: usize,
+    within: Duration,
+    what: &str,
+    wanted: impl Fn(&Value) -> bool,
+) -> Result<Value> {
+    let id = call.id.clone();
+    let mine = |r: &Record| {
+        r.dir == Dir::FromAgent
+            && r.session.as_deref() == Some(id.as_str())
+            && r.frame_type() != Some("session.resume")
+            && !matches!(r.what, What::Audio { .. })
+    };
+    let record = ctx
+        .sim
+        .recorder()
+        .wait_for(from, within, what, mine, |r| {
+            mine(r) && r.json().is_some_and(&wanted)
+        })
+        .await
+        .with_context(|| format!("session {id}"))?;
+    Ok(record.json().cloned().unwrap_or_default())
+}
+
+/// The prober's "report" as Sent read it: how many utterances of each tagged "say" the host took.
+fn accepted(report: &Value) -> Vec<(String, usize)> {
+    report["text"]
+        .as_str()
+        .unwrap_or_default()
+        .split(' ')
+        .skip(1)
+        .filter_map(|pair| {
+            let (tag, took) = pair.split_once(':')?;
+            Some((tag.to_string(), took.parse().ok()?))
+        })
+        .collect()
+}
+
+fn is_report(frame: &Value) -> bool {
+    frame["type"] == "agent.say"
+        && frame["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("accepted"))
+}
+
+/// The prober's utterance `n` of the "say" tagged `tag`, as its first characters read.
+fn numbered(tag: &str, n: usize) -> String {
+    format!("{tag}{n:06}")
+}
+
+/// A short description of what the agent said and called, for a failure's message.
+fn sketch(frames: &[Value]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for frame in frames {
+        let part = match frame["type"].as_str() {
+            Some("agent.say") => {
+                let text = frame["text"].as_str().unwrap_or_default();
+                text.split(' ').next().unwrap_or_default().to_string()
+            }
+            Some("tool.call") => format!("tool.call {}", frame["name"]),
+            other => other.unwrap_or("?").to_string(),
+        };
+        parts.push(part);
+    }
+    // Runs of consecutive numbered utterances as first..last.
+    let number = |part: &str| part.get(1..).and_then(|n| n.parse::<usize>().ok());
+    let mut out: Vec<String> = Vec::new();
+    let mut run: Option<(String, String, usize)> = None;
+    for part in parts {
+        let numbered = part.len() == 7 && number(&part).is_some();
+        match (&mut run, numbered) {
+            (Some((first, last, count)), true)
+                if first[..1] == part[..1] && number(last).map(|n| n + 1) == number(&part) =>
+            {
+                *last = part;
+                *count += 1;
+            }
+            _ => {
+                if let Some((first, last, count)) = run.take() {
+                    out.push(format!("{first}..{last} ({count})"));
+                }
+                if numbered {
+                    run = Some((part.clone(), part, 1));
+                } else {
+                    out.push(part);
+                }
+            }
+        }
+    }
+    if let Some((first, last, count)) = run {
+        out.push(format!("{first}..{last} ({count})"));
+    }
+    out.join(", ")
+}
+
+/// Utterances of the burst in `slow_reader_hears_all_speech`, and their size: far more than the 32
+/// unwritten frames a call may have, and more than the sockets hold.
+const SLOW_BURST: usize = 200;
+const SLOW_CHARS: usize = 4000;
+
+async fn slow_reader_hears_all_speech(ctx: &Ctx) -> Result<()> {
+    // Sent reads every message, 10 ms apart (about 2 s for the burst): the guest says 200 utterances of
+    // 4000 characters at once, faster than that, so they back up in the sockets and the connection's
+    // queue. Sent never stops reading: a host that refuses the guest past its bound of unwritten frames
+    // (instead of making it wait) loses speech the caller should hear.
+    let conn = ctx.sim.connection().await?;
+    let mut call = conn.start_text();
+    call.expect_say(PROBER_GREETING).await?;
+    let from = ctx.sim.recorder().len();
+    conn.read_slowly(Duration::from_millis(10));
+    // The report comes 3 s after the burst: by then even what a host refused has drained, so that the
+    // report itself is not refused.
+    call.say(&format!(
+        "say {SLOW_BURST} {SLOW_CHARS} a ; wait 3000 ; report"
+    ));
+    let report = frame_within(
+        ctx,
+        &call,
+        from,
+        Duration::from_secs(60),
+        "the prober's report",
+        is_report,
+    )
+    .await?;
+    conn.read_slowly(Duration::ZERO);
+    let frames = frames_since(ctx, &call, from);
+    let said: Vec<String> = says(&frames)
+        .iter()
+        .filter(|t| t.len() == SLOW_CHARS)
+        .map(|t| t[..7].to_string())
+        .collect();
+    let all: Vec<String> = (0..SLOW_BURST).map(|n| numbered("a", n)).collect();
+    ensure!(
+        said == all && accepted(&report) == [("a".to_string(), SLOW_BURST)],
+        "Sent read everything, slowly, but {} of the {SLOW_BURST} utterances arrived (the guest's {}): {}",
+        said.len(),
+        report["text"],
+        sketch(&frames)
+    );
+    Ok(())
+}
+
+async fn frames_lost_unwritten_stay_replayable(ctx: &Ctx) -> Result<()> {
+    // Two calls on one connection. Sent stops reading; the first call (which cannot move) says enough
+    // to fill the sockets and the connection's queue, so that the second call's 20 utterances ("b"),
+    // said half a second later, wait unwritten behind it. Sent drops the connection: those 20 were
+    // never written. While its resume is unanswered (Sent answers after 5 s), the second call's guest
+    // says 40 more ("c"). Sent read none of the 60: the host must not take more of them than it can
+    // keep (32) for the replay, so counting the unwritten 20 as sent lets 32 more in, pushes the 20 out
+    // of what is kept, and the replay finds a gap: the host hangs up a healthy call.
+    let conn = ctx.sim.connection().await?;
+    let mut filler = conn.start(unmovable_text());
+    filler.expect_say(PROBER_GREETING).await?;
+    let mut call = conn.start_text();
+    call.expect_say(PROBER_GREETING).await?;
+    ctx.sim.plan(ConnPlan {
+        resume_delay: Duration::from_secs(5),
+        ..ConnPlan::default()
+    });
+    let from = ctx.sim.recorder().len();
+    conn.pause_reading();
+    filler.say("say 200 4000");
+    call.say("wait 500 ; say 20 100 b ; wait 2500 ; say 40 100 c");
+    // After the "b" utterances, well before the host would find the paused socket dead (3 s).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    conn.drop_abruptly();
+    call.expect_resume(RECONNECT).await?;
+    call.expect_resumed(RECONNECT).await?;
+    // Once the replay is in (nothing more for a second), the guest reports what it was told.
+    let id = call.id.clone();
+    settled(
+        ctx,
+        from,
+        Duration::from_secs(1),
+        Duration::from_secs(20),
+        |r| r.dir == Dir::FromAgent && r.session.as_deref() == Some(id.as_str()),
+    )
+    .await?;
+    call.say("report");
+    let last = frame_within(
+        ctx,
+        &call,
+        from,
+        Duration::from_secs(20),
+        "the prober's report (or a hangup)",
+        |f| is_report(f) || f["type"] == "tool.call",
+    )
+    .await?;
+    let frames = frames_since(ctx, &call, from);
+    ensure!(
+        is_report(&last),
+        "the host hung up a healthy call: after the resume Sent read {} (it had read none of the guest's 60 utterances, 20 of them never written)",
+        sketch(&frames)
+    );
+    let report = accepted(&last);
+    let took = |tag: &str| {
+        report
+            .iter()
+            .find(|(t, _)| t == tag)
+            .map_or(0, |(_, took)| *took)
+    };
+    let mut wanted: Vec<String> = (0..took("b")).map(|n| numbered("b", n)).collect();
+    wanted.extend((0..took("c")).map(|n| numbered("c", n)));
+    let got: Vec<String> = frames
+        .iter()
+        .filter(|f| f["type"] == "agent.say" && !is_report(f))
+        .map(|f| {
+            f["text"]
+                .as_str()
+                .unwrap_or_default()
+                .chars()
+                .take(7)
+                .collect()
+        })
+        .collect();
+    ensure!(
+        frames.iter().all(|f| f["type"] == "agent.say") && got == wanted,
+        "after the resume Sent read {}; the guest was told {} of its utterances were taken ({})",
+        sketch(&frames),
+        took("b") + took("c"),
+        last["text"]
+    );
+    ensure!(
+        took("b") == 20,
+        "the guest was refused \"b\" utterances: {}",
+        last["text"]
+    );
+    Ok(())
+}
+
+async fn full_resume_keeps_the_drained_call(ctx: &Ctx) -> Result<()> {
+    // Sent drains the call's connection; the replacement has room for one session and carries one
+    // already, so the move is refused with connection_full, and Sent refuses every other connection
+    // the agent opens. The call is still Sent's on the draining connection, which Sent keeps open: the
+    // host must not close that connection (Sent would send the call to its fallback) nor give the call
+    // up while it is there.
+    const PAST_IDLE: Duration = Duration::from_secs(14);
+    let (old, call) = greeted(ctx).await?;
+    ctx.sim.plan(ConnPlan {
+        max_sessions: Some(1),
+        prestart: vec![unmovable_text()],
+        ..ConnPlan::default()
+    });
+    for _ in 0..20 {
+        ctx.sim.plan(ConnPlan {
+            refuse: Some(503),
+            ..ConnPlan::default()
+        });
+    }
+    old.drain();
+    let (_, answer) = call.expect_resume_answer(RECONNECT).await?;
+    ensure!(
+        answer["type"] == "error" && answer["error"]["code"] == "connection_full",
+        "expected connection_full, got {answer}"
+    );
+    // Longer than an idle drained connection may stay open (10 s), and than the call's window would
+    // allow a detached call (15 s) less a second.
+    tokio::time::sleep(PAST_IDLE).await;
+    let lost = call.state().is_none_or(|s| s.lost);
+    let how = if old.is_open() {
+        "still open".to_string()
+    } else {
+        old.closed(DEADLINE).await?
+    };
+    ensure!(
+        !lost && old.is_open(),
+        "{PAST_IDLE:?} after its move was refused with connection_full, the call is {} and its draining connection {} is {how}",
+        if lost { "lost" } else { "not lost" },
+        old.id
+    );
+    ctx.sim.clear_plans();
+    let from = ctx.sim.recorder().len();
+    call.say("echo still here");
+    frame_within(
+        ctx,
+        &call,
+        from,
+        Duration::from_secs(40),
+        "agent.say \"still here\"",
+        |f| f["type"] == "agent.say" && f["text"] == "still here",
+    )
+    .await?;
+    Ok(())
+}
+
+async fn unsendable_policy_transfer_hangs_up(ctx: &Ctx) -> Result<()> {
+    // Three traps: the call gets its failure policy, a transfer to a number without its + that the
+    // protocol's codec refuses to encode. A host that gives up on sending it, and on the call, leaves the
+    // caller in silence; Sent must see a hangup (the transfer can never go out).
+    let (_conn, mut call) = greeted(ctx).await?;
+    for _ in 0..3 {
+        call.say("panic");
+    }
+    call.expect_tool("hangup")
+        .await
+        .context("the failure policy's transfer cannot be encoded")?;
+    Ok(())
+}
+
+async fn late_resumed_is_not_left_silent(ctx: &Ctx) -> Result<()> {
+    // Sent answers the resume 12 s after it came: after the host stopped waiting for the answer (10 s),
+    // within the call's window (15 s). Sent has the call attached again, and the caller speaks: a host
+    // that ignores the late session.resumed leaves a call nobody serves and nobody ends.
+    const LATE: Duration = Duration::from_secs(12);
+    let (old, mut call) = greeted(ctx).await?;
+    ctx.sim.plan(ConnPlan {
+        resume_delay: LATE,
+        ..ConnPlan::default()
+    });
+    old.fence().await?;
+    old.drop_abruptly();
+    call.expect_resume(RECONNECT).await?;
+    call.expect_resumed(LATE + RECONNECT).await?;
+    call.say("echo after");
+    call.expect_frame("agent.say \"after\" or a hangup", |f| {
+        (f["type"] == "agent.say" && f["text"] == "after")
+            || (f["type"] == "tool.call" && f["name"] == "hangup")
+    })
+    .await
+    .context("the caller spoke after a session.resumed that came 12 s after the resume")?;
+    Ok(())
+}
+
+async fn resumed_on_a_draining_connection_moves_on(ctx: &Ctx) -> Result<()> {
+    // The call's connection drops; the agent resumes it on a new connection, which Sent drains while the
+    // resume is unanswered (a call that cannot move keeps it open); the agent opens a third. Only then
+    // does Sent answer session.resumed, on the draining connection, and it sends nothing more: the agent
+    // must move the call on by itself.
+    let (old, mut call) = greeted(ctx).await?;
+    ctx.sim.plan(ConnPlan {
+        hold_resumes: true,
+        prestart: vec![unmovable_text()],
+        ..ConnPlan::default()
+    });
+    old.fence().await?;
+    old.drop_abruptly();
+    let (second, _) = call.expect_resume(RECONNECT).await?;
+    let second = ctx.sim.conn(second);
+    second.drain();
+    let third = ctx.sim.connection_after(second.id, RECONNECT).await?;
+    // The pong comes once the agent has taken the new connection in.
+    third.fence().await?;
+    let from = ctx.sim.recorder().len();
+    ensure!(
+        call.answer_resume(),
+        "the resume on connection {} waits for no answer",
+        second.id
+    );
+    let id = call.id.clone();
+    let elsewhere = |r: &Record| {
+        r.session.as_deref() == Some(id.as_str())
+            && r.is_frame(Dir::FromAgent, "session.resume")
+            && r.conn != second.id
+    };
+    ctx.sim
+        .recorder()
+        .wait_for(
+            from,
+            Duration::from_secs(10),
+            "a session.resume of the call off the draining connection",
+            |r| r.session.as_deref() == Some(id.as_str()),
+            elsewhere,
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "session.resumed came on connection {}, draining since the resume went out there",
+                second.id
+            )
+        })?;
+    ctx.sim
+        .recorder()
+        .wait_for(
+            from,
+            RECONNECT,
+            "session.resumed off the draining connection",
+            |r| r.session.as_deref() == Some(id.as_str()),
+            |r| {
+                r.session.as_deref() == Some(id.as_str())
+                    && r.is_frame(Dir::ToAgent, "session.resumed")
+                    && r.conn != second.id
+            },
+        )
+        .await?;
+    call.say("echo moved");
+    call.expect_say("moved").await?;
+    Ok(())
+}
+
+async fn given_up_guest_stays_silent(ctx: &Ctx) -> Result<()> {
+    // The guest waits on a tool; once it is answered it will speak and transfer. Sent talks on until the
+    // host gives the call up (its failure policy, a hangup, which Sent leaves unanswered), then answers
+    // the guest's tool: the host has let the caller go, so nothing more of the guest's may reach Sent.
+    let conn = ctx.sim.connection().await?;
+    let mut call = conn.start_text();
+    call.expect_say(PROBER_GREETING).await?;
+    call.plan_tool("lookup", ToolPlan::Hold);
+    call.plan_tool("hangup", ToolPlan::Hold);
+    call.say(&format!(
+        "tool lookup ; echo late ; transfer {POLICY_NUMBER}"
+    ));
+    let lookup = call.expect_tool("lookup").await?;
+    for n in 0..1000 {
+        call.say(&format!("echo n{n}"));
+    }
+    call.expect_tool("hangup")
+        .await
+        .context("1000 utterances queued behind a handler that waits")?;
+    call.answer(
+        lookup["call_ref"].as_str().unwrap_or_default(),
+        "lookup",
+        None,
+    );
+    call.expect_nothing(Duration::from_secs(2))
+        .await
+        .context("the guest's tool answered after the failure policy's hangup went out")?;
     Ok(())
 }

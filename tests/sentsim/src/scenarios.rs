@@ -71,8 +71,9 @@ pub enum AgentKind {
 pub struct HostSettings {
     /// How long a tool call waits for Sent's answer (`CallLimits::tool_timeout`); `None`: the default.
     pub tool_timeout_ms: Option<u64>,
-    /// The failure policy transfers the call to this number (`kind: number`); `None`: it hangs up.
-    pub transfer_to: Option<&'static str>,
+    /// The failure policy transfers the call to this party (kind, value), e.g. `("number",
+    /// "+14155550100")`; `None`: it hangs up.
+    pub transfer_to: Option<(&'static str, &'static str)>,
     /// Connections to Sent the agent holds at once.
     pub connections: usize,
 }

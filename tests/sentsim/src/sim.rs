@@ -118,6 +118,9 @@ pub struct ConnPlan {
     /// `session.resumed` on this connection carries no `audio`, even for a live audio session: the session
     /// has no stream here (Sent's mistake), so audio the agent sends for it can only be misplaced.
     pub resume_without_audio: bool,
+    /// Sent answers no `session.resume` on this connection until the scenario does, with
+    /// [`Call::answer_resume`] (`resume_delay` is not used then).
+    pub hold_resumes: bool,
 }
 
 /// How Sent ends a connection right after `connection.ready`.
@@ -211,6 +214,9 @@ struct Conn {
     muted: bool,
     max_sessions: usize,
     resume_delay: Duration,
+    hold_resumes: bool,
+    /// Sent waits this long after each message it reads (zero: it reads as fast as it can).
+    read_delay: Duration,
     sessions: HashSet<String>,
     streams: HashMap<u16, String>,
     pings: HashSet<i64>,
@@ -253,6 +259,8 @@ struct Sess {
     start: String,
     /// A `session.resume` arrived on this connection and is not answered yet.
     resuming: Option<u32>,
+    /// The `received` of that resume, for an answer the scenario gives ([`Call::answer_resume`]).
+    resume_read: usize,
     /// The connection the session was on before its last resume: frames the agent sent there before it
     /// moved may still arrive (no order holds across sockets); they are refused, and the agent's replay
     /// brings them again.
@@ -415,6 +423,11 @@ impl Sim {
     /// Makes the next connection the agent opens follow `plan`.
     pub fn plan(&self, plan: ConnPlan) {
         self.state().plans.push_back(plan);
+    }
+
+    /// Drops the plans no connection has used yet: the next connections get the defaults.
+    pub fn clear_plans(&self) {
+        self.state().plans.clear();
     }
 
     /// The violations recorded at or after record `from`.
@@ -637,6 +650,8 @@ impl Sim {
                     muted: false,
                     max_sessions: plan.max_sessions.unwrap_or(self.inner.config.max_sessions),
                     resume_delay: plan.resume_delay,
+                    hold_resumes: plan.hold_resumes,
+                    read_delay: Duration::ZERO,
                     sessions: HashSet::new(),
                     streams: HashMap::new(),
                     pings: HashSet::new(),
@@ -788,6 +803,15 @@ impl Sim {
                 Ok(_) => {}
                 Err(error) => break format!("lost: {error}"),
             }
+            // Reading slowly: the agent's writes back up, but everything is read in the end.
+            let delay = self
+                .state()
+                .conns
+                .get(&id)
+                .map_or(Duration::ZERO, |c| c.read_delay);
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
         };
         pinger.abort();
         let clean_close_by_agent = how == "closed by the agent with 1000";
@@ -864,8 +888,9 @@ impl Sim {
             if conn.muted {
                 continue;
             }
-            if *conn.paused.borrow() {
-                // Sent reads nothing: the pongs wait in the socket, through no fault of the agent's.
+            if *conn.paused.borrow() || !conn.read_delay.is_zero() {
+                // Sent reads nothing (or slowly): the pongs wait in the socket, through no fault of the
+                // agent's.
                 conn.last_pong = Instant::now();
             }
             if conn.last_pong.elapsed() > allowed {
@@ -1093,6 +1118,7 @@ impl Sim {
             .conns
             .get(&id)
             .map_or(Duration::ZERO, |c| c.resume_delay);
+        let hold = state.conns.get(&id).is_some_and(|c| c.hold_resumes);
         let Some(sess) = state.sessions.get_mut(&session_id) else {
             self.refuse(
                 state,
@@ -1160,6 +1186,10 @@ impl Sim {
             );
         }
         sess.resuming = Some(id);
+        sess.resume_read = read;
+        if hold {
+            return;
+        }
         if resume_delay.is_zero() {
             self.resumed_locked(state, id, &session_id, read);
             return;
@@ -1462,6 +1492,7 @@ impl Sim {
                 pretend_received: None,
                 start,
                 resuming: None,
+                resume_read: 0,
                 moved_from: None,
                 ended: None,
                 lost: false,
@@ -1764,6 +1795,16 @@ impl ConnHandle {
         self.sim.closed(self.id, "closed by Sent with 1001", false);
     }
 
+    /// Sent reads this connection slowly from now on: it waits `delay` after each message it reads (zero:
+    /// it reads as fast as it can again). The agent's writes back up, but everything is read in the end;
+    /// Sent does not drop the agent for pongs still waiting in the socket.
+    pub fn read_slowly(&self, delay: Duration) {
+        if let Some(conn) = self.sim.state().conns.get_mut(&self.id) {
+            conn.read_delay = delay;
+            conn.last_pong = Instant::now();
+        }
+    }
+
     /// Sent goes silent on this connection: no pings, no frames, and it keeps the socket open.
     pub fn mute(&self) {
         if let Some(conn) = self.sim.state().conns.get_mut(&self.id) {
@@ -1943,6 +1984,23 @@ impl Call {
         self.with_state(|sim, state| {
             sim.answer_locked(state, &self.id, call_ref, name, error.map(str::to_string))
         });
+    }
+
+    /// Answers the session's unanswered `session.resume` now, on the connection it came on (one a
+    /// [`ConnPlan::hold_resumes`] holds): `session.resumed` and the replay. Returns false when no resume
+    /// of the session waits for an answer.
+    pub fn answer_resume(&self) -> bool {
+        self.with_state(|sim, state| {
+            let Some((conn, read)) = state
+                .sessions
+                .get(&self.id)
+                .and_then(|s| Some((s.resuming?, s.resume_read)))
+            else {
+                return false;
+            };
+            sim.resumed_locked(state, conn, &self.id, read);
+            true
+        })
     }
 
     /// Sent will refuse the next resume of this session as if its window had passed.

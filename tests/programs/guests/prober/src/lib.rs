@@ -18,6 +18,12 @@
 //! | "echo <text>" | say `<text>` |
 //! | "later MS <text>" | wait MS milliseconds of wall time (a host call: no CPU), then say `<text>` |
 //! | "say N CHARS" | say N utterances of CHARS characters each, numbered from `000000`, without stopping at a refusal; then log how many were refused |
+//! | "say N CHARS TAG" | the same, each utterance starting with `TAG` before its number (`b000003 xxx…`), still CHARS characters in all |
+//! | "wait MS" | wait MS milliseconds of wall time (a host call: no CPU) |
+//! | "tool NAME" | use the tool NAME with no arguments and wait for its answer (whatever it is, the next command runs) |
+//! | "transfer NUMBER" | use the transfer tool to the number (`{"kind":"number","value":NUMBER}`) and wait for its answer |
+//! | "report" | say "accepted TAG:N …": for each "say" of the instance so far, in order, its tag (`-` for none) and how many of its utterances the host took |
+//! | "A ; B ; …" | run the commands A, B, … in order in one handler call (a refusal of one does not stop the next) |
 //! | any other text | nothing |
 //!
 //! The call's pattern: the bytes of `"<session_id>;"` repeated, as 16-bit little-endian samples, so that
@@ -38,6 +44,8 @@ pub struct Prober;
 thread_local! {
     /// What "grow" keeps, for the life of the instance.
     static KEPT: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each "say" of the instance: its tag, and how many of its utterances the host took.
+    static BURSTS: std::cell::RefCell<Vec<(String, u32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The call's audio command from its context ("echo" when there is none).
@@ -73,6 +81,64 @@ fn number(word: Option<&str>) -> u32 {
     word.and_then(|w| w.parse().ok()).unwrap_or(0)
 }
 
+/// One text command (see the table above).
+fn run_command(session: &Session, text: &str) -> Result<(), String> {
+    let mut words = text.split(' ');
+    match words.next() {
+        Some("echo") => {
+            let rest = text.split_once(' ').map_or("", |(_, rest)| rest);
+            session.say(rest)?;
+        }
+        Some("later") => {
+            let ms = number(words.next());
+            let rest: Vec<&str> = words.collect();
+            std::thread::sleep(std::time::Duration::from_millis(ms.into()));
+            session.say(&rest.join(" "))?;
+        }
+        Some("wait") => {
+            let ms = number(words.next());
+            std::thread::sleep(std::time::Duration::from_millis(ms.into()));
+        }
+        Some("say") => {
+            let (count, chars) = (number(words.next()), number(words.next()) as usize);
+            let tag = words.next().unwrap_or_default();
+            let filler = chars.saturating_sub(7 + tag.len()).max(1);
+            let mut refused = 0;
+            for n in 0..count {
+                let text = format!("{tag}{n:06} {}", "x".repeat(filler));
+                if session.say(&text).is_err() {
+                    refused += 1;
+                }
+            }
+            let tag = if tag.is_empty() { "-" } else { tag };
+            BURSTS.with(|bursts| bursts.borrow_mut().push((tag.into(), count - refused)));
+            log::info!("said {count} utterances, {refused} refused");
+        }
+        Some("tool") => {
+            let name = words.next().unwrap_or_default();
+            let result = session.tool(name, None)?;
+            log::info!("tool {name}: ok {}", result.ok);
+        }
+        Some("transfer") => {
+            let number = words.next().unwrap_or_default();
+            let result = session.transfer_number(number)?;
+            log::info!("transfer to {number}: ok {}", result.ok);
+        }
+        Some("report") => {
+            let report = BURSTS.with(|bursts| {
+                bursts
+                    .borrow()
+                    .iter()
+                    .map(|(tag, took)| format!(" {tag}:{took}"))
+                    .collect::<String>()
+            });
+            session.say(&format!("accepted{report}"))?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 impl Agent for Prober {
     fn on_session_start(&self, session: &Session) -> Result<(), String> {
         if session.info().media == Media::Text {
@@ -82,32 +148,15 @@ impl Agent for Prober {
     }
 
     fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
-        let mut words = said.text.split(' ');
-        match words.next() {
-            Some("echo") => {
-                let rest = said.text.split_once(' ').map_or("", |(_, rest)| rest);
-                session.say(rest)?;
+        // Several commands in one utterance run in order; the first refusal is the handler's error.
+        let mut failed = Ok(());
+        for command in said.text.split(" ; ") {
+            if let Err(error) = run_command(session, command) {
+                log::warn!("{command}: {error}");
+                failed = failed.and(Err(error));
             }
-            Some("later") => {
-                let ms = number(words.next());
-                let rest: Vec<&str> = words.collect();
-                std::thread::sleep(std::time::Duration::from_millis(ms.into()));
-                session.say(&rest.join(" "))?;
-            }
-            Some("say") => {
-                let (count, chars) = (number(words.next()), number(words.next()).max(8));
-                let mut refused = 0;
-                for n in 0..count {
-                    let text = format!("{n:06} {}", "x".repeat(chars as usize - 7));
-                    if session.say(&text).is_err() {
-                        refused += 1;
-                    }
-                }
-                log::info!("said {count} utterances, {refused} refused");
-            }
-            _ => {}
         }
-        Ok(())
+        failed
     }
 
     fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), String> {
