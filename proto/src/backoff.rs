@@ -1,5 +1,6 @@
 //! When to dial again: the protocol's schedule (0, 1, 2, 4, 8, 16, then 30 s), with jitter so that hosts
-//! that lost Sent together do not come back in lockstep.
+//! that lost Sent together do not come back in lockstep (the first attempt too, within half a second), and
+//! never past 30 s.
 
 use std::time::Duration;
 
@@ -18,12 +19,20 @@ pub fn scheduled(attempt: u32) -> Duration {
     }
 }
 
+/// The spread of the first attempt: up to this long, so that hosts that lost Sent together do not all
+/// redial in the same instant.
+pub const FIRST_SPREAD: Duration = Duration::from_millis(500);
+
 /// [scenario: flapping_connection_backs_off] The delay before attempt `attempt`: the schedule, moved by up
-/// to a quarter either way by `unit` (uniform in 0..1). The first attempt is never delayed.
+/// to a quarter either way by `unit` (uniform in 0..1), never past [`MAX_BACKOFF`]; the first attempt
+/// within [`FIRST_SPREAD`].
 pub fn delay(attempt: u32, unit: f64) -> Duration {
-    let base = scheduled(attempt);
-    let factor = 1.0 - JITTER + 2.0 * JITTER * unit.clamp(0.0, 1.0);
-    base.mul_f64(factor)
+    let unit = unit.clamp(0.0, 1.0);
+    if attempt == 0 {
+        return FIRST_SPREAD.mul_f64(unit);
+    }
+    let factor = 1.0 - JITTER + 2.0 * JITTER * unit;
+    scheduled(attempt).mul_f64(factor).min(MAX_BACKOFF)
 }
 
 #[cfg(test)]
@@ -39,13 +48,20 @@ mod tests {
 
     #[test]
     fn jitter_stays_within_a_quarter_of_the_schedule_and_spreads_hosts() {
-        for attempt in 1..8 {
+        for attempt in 1..6 {
             let base = scheduled(attempt).as_secs_f64();
             let low = delay(attempt, 0.0).as_secs_f64();
             let high = delay(attempt, 1.0).as_secs_f64();
             assert!((low - base * 0.75).abs() < 1e-9 && (high - base * 1.25).abs() < 1e-9);
         }
-        assert_eq!(delay(0, 0.9), Duration::ZERO);
+        // Never past the cap, the jitter's high side included.
+        for attempt in 6..40 {
+            assert!(delay(attempt, 1.0) <= MAX_BACKOFF, "{attempt}");
+            assert!(delay(attempt, 0.0) >= MAX_BACKOFF.mul_f64(0.75));
+        }
+        // The first attempt is spread too, within half a second.
+        assert_eq!(delay(0, 0.0), Duration::ZERO);
+        assert!(delay(0, 0.9) > Duration::ZERO && delay(0, 1.0) <= FIRST_SPREAD);
         // Two hosts drawing different units come back at different times.
         assert_ne!(delay(3, 0.1), delay(3, 0.7));
     }

@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinHandle;
-use voicehost_proto::call::{CallKey, ConnId, Output, Refused, ToolAnswer};
-use voicehost_proto::router::{Router, RouterConfig};
+use voicehost_proto::call::{self, CallKey, ConnId, Refused, ToolAnswer};
+use voicehost_proto::router::{Closing, Output, Router, RouterConfig};
 
 /// One version of an agent, ready to serve calls.
 pub struct Deployment {
@@ -131,9 +131,9 @@ pub async fn serve(
         stats,
     });
     let mut deployments = config.deployment;
-    agent.with(|shared| shared.router.start());
+    agent.with(|shared| shared.router.start(Instant::now()));
     let result = loop {
-        let deadline = agent.lock().router.deadline();
+        let deadline = agent.lock().router.poll_timeout();
         let sleep = async {
             match deadline {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -160,15 +160,26 @@ pub async fn serve(
                 }
             }
             () = agent.timers.notified() => {}
-            () = sleep => agent.with(|shared| shared.router.timeout(Instant::now())),
+            () = sleep => {}
             Ok(()) = deployments.changed() => {
                 let rules = deployments.borrow().rules.clone();
                 agent.with(|shared| shared.router.set_rules(rules.call, rules.policy));
             }
         }
+        // Whatever woke the loop, what is due is done now: a flood of events never keeps a timer waiting
+        // (at most 65 events are handled in between).
+        let now = Instant::now();
+        if agent
+            .lock()
+            .router
+            .poll_timeout()
+            .is_some_and(|at| at <= now)
+        {
+            agent.with(|shared| shared.timeout(now));
+        }
     };
     let closing = agent.with(|shared| {
-        shared.router.stop();
+        shared.router.stop(Instant::now());
         for (_, dial) in shared.dials.drain() {
             dial.abort();
         }
@@ -191,9 +202,40 @@ pub async fn serve(
 /// How long a stopping agent waits for its connections' closing handshakes.
 const CLOSE_WITHIN: Duration = Duration::from_secs(3);
 
+impl Shared {
+    /// What the connections' readers and writers did, reported to the core; then what is due.
+    fn timeout(&mut self, now: Instant) {
+        for (conn, outbox) in &self.outboxes {
+            self.router
+                .handle_activity(now, *conn, outbox.activity(now));
+        }
+        self.router.handle_timeout(now);
+    }
+
+    /// The writer's count of call `key`'s counted frames on its connection, and that connection's
+    /// activity, reported to the core before the call's guest sends one more.
+    fn report(&mut self, key: CallKey, now: Instant) {
+        let Some(conn) = self.router.conn_of(key) else {
+            return;
+        };
+        if let Some(outbox) = self.outboxes.get(&conn) {
+            self.router.handle_activity(now, conn, outbox.activity(now));
+            self.router
+                .handle_written(now, conn, key, outbox.frames_written(key));
+        }
+    }
+}
+
 impl Agent {
     fn lock(&self) -> MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The outbox of the connection call `key` is live on.
+    fn outbox_of(&self, key: CallKey) -> Option<Arc<Outbox>> {
+        let shared = self.lock();
+        let conn = shared.router.conn_of(key)?;
+        shared.outboxes.get(&conn).cloned()
     }
 
     /// Runs `f` on the router, then carries out what it asked, before the lock is let go.
@@ -216,23 +258,30 @@ impl Agent {
                     shared.open.insert(conn, task);
                 }
                 shared.outboxes.insert(conn, outbox);
-                shared.router.opened(conn, &ready, now);
+                shared.router.handle_opened(now, conn, &ready);
             }
             Event::DialFailed(error) => {
                 shared.dials.remove(&conn);
                 if error.is_fatal() {
                     return Some(error);
                 }
-                shared.router.dial_failed(conn, now);
+                shared.router.handle_dial_failed(now, conn);
             }
-            Event::Frame(frame) => shared.router.frame(conn, *frame, now),
-            Event::Ping(ts) => shared.router.ping(conn, ts),
-            Event::Audio { stream, samples } => shared.router.audio(conn, stream, samples),
+            Event::Frame(frame) => shared.router.handle_frame(now, conn, *frame),
+            Event::Ping(ts) => shared.router.handle_ping(now, conn, ts),
+            Event::Audio { stream, samples } => {
+                shared.router.handle_audio(now, conn, stream, samples)
+            }
             Event::Closed { why } => {
                 tracing::info!(conn, why, "connection closed");
-                shared.outboxes.remove(&conn);
+                // What its writer wrote, last: what it did not is held again by its calls.
+                if let Some(outbox) = shared.outboxes.remove(&conn) {
+                    for (key, frames) in outbox.all_frames_written() {
+                        shared.router.handle_written(now, conn, key, frames);
+                    }
+                }
                 shared.open.remove(&conn);
-                shared.router.closed(conn, now);
+                shared.router.handle_closed(now, conn);
             }
         }
         None
@@ -242,23 +291,28 @@ impl Agent {
     fn dispatch(self: &Arc<Agent>, shared: &mut Shared) {
         while let Some(output) = shared.router.poll_output() {
             match output {
-                Output::Frame { conn, key, text } => {
+                Output::Call(call::Output::Frame {
+                    conn,
+                    key,
+                    text,
+                    counted,
+                }) => {
                     if let Some(outbox) = shared.outboxes.get(&conn) {
-                        outbox.frame(key, text);
+                        outbox.frame(key, text, counted);
                     }
                 }
-                Output::Audio {
+                Output::Call(call::Output::Audio {
                     conn,
                     key,
                     message,
                     backlog,
-                } => {
+                }) => {
                     if let Some(outbox) = shared.outboxes.get(&conn) {
                         let dropped = outbox.audio(key, message, backlog);
                         self.stats.audio_out_dropped.inc_by(dropped as u64);
                     }
                 }
-                Output::Retract { conn, key } => {
+                Output::Call(call::Output::Retract { conn, key }) => {
                     if let Some(outbox) = shared.outboxes.get(&conn) {
                         outbox.retract(key);
                     }
@@ -268,21 +322,25 @@ impl Agent {
                         outbox.pong(text);
                     }
                 }
-                Output::Close { conn } => {
+                Output::Close { conn, why } => {
                     if let Some(outbox) = shared.outboxes.get(&conn) {
-                        outbox.close();
+                        match why {
+                            Closing::Unneeded => outbox.close(),
+                            Closing::Silent => outbox.close_away("silent"),
+                            Closing::Stalled => outbox.abort(),
+                        }
                     }
                 }
-                Output::Answer {
+                Output::Call(call::Output::Answer {
                     key,
                     call_ref,
                     answer,
-                } => {
+                }) => {
                     if let Some(waiter) = shared.waiters.remove(&(key, call_ref)) {
                         let _ = waiter.send(answer);
                     }
                 }
-                Output::Wake { key } => {
+                Output::Call(call::Output::Wake { key }) => {
                     if let Some(waker) = shared.wakers.get(&key) {
                         waker.notify_one();
                     }

@@ -10,15 +10,15 @@ use crate::sandbox::wit::{self, Call as CallInfo, Direction, Level, Party};
 use crate::sandbox::{Event, GuestImports, Instance, Limits, Outcome, TrapKind};
 use crate::stats::{LiveSession, Stats};
 use sentdm_voice_agents::frames::{AgentClear, AgentSay, SessionStart};
-use serde_json::{Map, Value};
-use std::collections::{HashMap, VecDeque};
+use serde_json::Value;
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 use voicehost_proto::call::{
-    CallKey, CallLimits, GuestEvent, Media, Refused, ToolAnswer, MAX_TOOL_ARGUMENTS_BYTES,
+    CallKey, CallLimits, GuestEvent, Media, NotNow, Refused, ToolAnswer, TrapWindow,
 };
 use voicehost_proto::wire::{frames, Frame};
 
@@ -64,17 +64,50 @@ struct Port {
 }
 
 impl Port {
-    /// A counted frame of the guest's, checked by the codec before the call's machine sees it.
-    fn send(&self, frame: Frame) -> Result<(), wit::Refused> {
-        let text = frames::encode_to_string(&frame).map_err(|_| wit::Refused::Invalid)?;
-        self.agent
-            .with(|shared| {
-                let outboxes = &shared.outboxes;
-                shared.router.send(self.key, &frame, text, |conn, key| {
-                    outboxes.get(&conn).map_or(0, |o| o.unwritten_frames(key))
-                })
-            })
-            .map_err(refused)
+    /// A counted frame of the guest's, checked by the codec before the call's machine sees it. While the
+    /// call has as many frames unwritten as may be and Sent is reading, it waits for the writer (the
+    /// call's wall-clock bound covers the wait); the machine says when that stops.
+    fn send(&self, frame: Frame) -> Pin<Box<dyn Future<Output = Result<(), wit::Refused>> + Send>> {
+        let agent = self.agent.clone();
+        let key = self.key;
+        Box::pin(async move {
+            let text = frames::encode_to_string(&frame).map_err(|_| wit::Refused::Invalid)?;
+            loop {
+                let outbox = agent.outbox_of(key);
+                let mut wrote = outbox.as_ref().map(|o| Box::pin(o.wrote()));
+                if let Some(wrote) = wrote.as_mut() {
+                    wrote.as_mut().enable();
+                }
+                let waiting = agent.with(|shared| {
+                    let now = Instant::now();
+                    shared.report(key, now);
+                    match shared.router.handle_send(now, key, &frame, text.clone()) {
+                        Ok(()) => Ok(None),
+                        Err(NotNow::Refused(why)) => Err(refused(why)),
+                        Err(NotNow::Wait(until)) => Ok(Some(until)),
+                    }
+                })?;
+                let Some(until) = waiting else {
+                    return Ok(());
+                };
+                room(until, wrote).await;
+            }
+        })
+    }
+}
+
+/// Waits until the connection's writer has written more (`wrote`, enabled before the router said to
+/// wait), or until `until`.
+async fn room(until: Instant, wrote: Option<Pin<Box<tokio::sync::futures::Notified<'_>>>>) {
+    let deadline = tokio::time::sleep_until(until.into());
+    match wrote {
+        Some(wrote) => {
+            tokio::select! {
+                () = wrote => {}
+                () = deadline => {}
+            }
+        }
+        None => deadline.await,
     }
 }
 
@@ -95,7 +128,7 @@ impl GuestImports for Port {
         text: String,
         last: Option<bool>,
         interruptible: Option<bool>,
-    ) -> Result<(), wit::Refused> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), wit::Refused>> + Send>> {
         self.send(Frame::AgentSay(AgentSay {
             session_id: self.session_id.clone(),
             text,
@@ -104,7 +137,7 @@ impl GuestImports for Port {
         }))
     }
 
-    fn clear(&self) -> Result<(), wit::Refused> {
+    fn clear(&self) -> Pin<Box<dyn Future<Output = Result<(), wit::Refused>> + Send>> {
         self.send(Frame::AgentClear(AgentClear {
             session_id: self.session_id.clone(),
         }))
@@ -113,7 +146,7 @@ impl GuestImports for Port {
     fn send_audio(&self, samples: Vec<i16>) {
         let bytes: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
         self.agent
-            .with(|shared| shared.router.send_audio(self.key, &bytes));
+            .with(|shared| shared.router.handle_send_audio(self.key, &bytes));
     }
 
     fn tool(
@@ -121,45 +154,45 @@ impl GuestImports for Port {
         name: String,
         arguments: Option<String>,
     ) -> Pin<Box<dyn Future<Output = Result<wit::ToolResult, wit::Refused>> + Send>> {
-        if arguments
-            .as_ref()
-            .is_some_and(|a| a.len() > MAX_TOOL_ARGUMENTS_BYTES)
-        {
-            return Box::pin(async { Err(wit::Refused::OverLimit) });
-        }
-        let arguments = match arguments
-            .as_deref()
-            .map(serde_json::from_str::<Map<String, Value>>)
-        {
-            None => None,
-            Some(Ok(map)) => Some(map),
-            Some(Err(_)) => return Box::pin(async { Err(wit::Refused::Invalid) }),
-        };
-        let waiting = self.agent.with(|shared| {
-            let outboxes = &shared.outboxes;
-            let call_ref = shared.router.tool(
-                self.key,
-                name,
-                arguments,
-                |conn, key| outboxes.get(&conn).map_or(0, |o| o.unwritten_frames(key)),
-                Instant::now(),
-            )?;
-            let (answer, waiting) = oneshot::channel();
-            shared.waiters.insert((self.key, call_ref), answer);
-            Ok::<_, Refused>(waiting)
-        });
-        // The tool's deadline may be the router's next one.
-        self.agent.timers.notify_one();
+        let agent = self.agent.clone();
+        let key = self.key;
         Box::pin(async move {
-            match waiting {
-                Err(error) => Err(refused(error)),
-                // The call's machine answers every tool call exactly once: its result, `ended` or
-                // `timed-out`. A dropped sender only happens when the agent has stopped.
-                Ok(waiting) => match waiting.await {
-                    Ok(Ok(answer)) => Ok(tool_result(answer)),
-                    Ok(Err(error)) => Err(refused(error)),
-                    Err(_) => Err(wit::Refused::Ended),
-                },
+            // Issued once there is room (as `say` waits), then answered exactly once by the call's
+            // machine: Sent's result, `ended` or `timed-out`. A dropped sender only happens when the agent
+            // has stopped.
+            let answer = loop {
+                let outbox = agent.outbox_of(key);
+                let mut wrote = outbox.as_ref().map(|o| Box::pin(o.wrote()));
+                if let Some(wrote) = wrote.as_mut() {
+                    wrote.as_mut().enable();
+                }
+                let issued = agent.with(|shared| {
+                    let now = Instant::now();
+                    shared.report(key, now);
+                    match shared
+                        .router
+                        .handle_tool(now, key, name.clone(), arguments.as_deref())
+                    {
+                        Ok(call_ref) => {
+                            let (answer, waiting) = oneshot::channel();
+                            shared.waiters.insert((key, call_ref), answer);
+                            Ok(Ok(waiting))
+                        }
+                        Err(NotNow::Refused(why)) => Err(refused(why)),
+                        Err(NotNow::Wait(until)) => Ok(Err(until)),
+                    }
+                })?;
+                match issued {
+                    Ok(waiting) => break waiting,
+                    Err(until) => room(until, wrote).await,
+                }
+            };
+            // The tool's deadline may be the router's next one.
+            agent.timers.notify_one();
+            match answer.await {
+                Ok(Ok(answer)) => Ok(tool_result(answer)),
+                Ok(Err(error)) => Err(refused(error)),
+                Err(_) => Err(wit::Refused::Ended),
             }
         })
     }
@@ -289,7 +322,7 @@ impl Drop for Released {
     fn drop(&mut self) {
         let key = self.key;
         self.agent.with(|shared| {
-            shared.router.release(key);
+            shared.router.handle_release(key);
             shared.wakers.remove(&key);
             shared.waiters.retain(|(k, _), _| *k != key);
         });
@@ -393,7 +426,7 @@ impl Task {
         loop {
             let notified = self.waker.notified();
             let (event, known) = self.agent.with(|shared| {
-                let event = shared.router.next_event(self.key);
+                let event = shared.router.poll_event(self.key);
                 (event, shared.wakers.contains_key(&self.key))
             });
             if event.is_some() || !known {
@@ -411,7 +444,7 @@ impl Task {
         );
         let key = self.key;
         self.agent
-            .with(|shared| shared.router.give_up(key, Instant::now()));
+            .with(|shared| shared.router.handle_give_up(Instant::now(), key));
         self.agent.timers.notify_one();
         while let Some(event) = self.next().await {
             if matches!(event, GuestEvent::End { .. } | GuestEvent::Lost) {
@@ -422,7 +455,7 @@ impl Task {
 
     async fn serve(&self, mut instance: Instance) {
         let stats = self.agent.stats.clone();
-        let mut traps: VecDeque<Instant> = VecDeque::new();
+        let mut traps = TrapWindow::new(self.rules.max_traps, self.rules.trap_window);
         while let Some(event) = self.next().await {
             let last = matches!(event, GuestEvent::End { .. } | GuestEvent::Lost);
             let mut next = Some(event_of(event));
@@ -467,14 +500,7 @@ impl Task {
                                 "the trap's wasm backtrace"
                             );
                         }
-                        traps.push_back(Instant::now());
-                        while traps
-                            .front()
-                            .is_some_and(|t| t.elapsed() > self.rules.trap_window)
-                        {
-                            traps.pop_front();
-                        }
-                        if traps.len() >= self.rules.max_traps {
+                        if traps.trapped(Instant::now()) {
                             if !last {
                                 self.give_up().await;
                             }

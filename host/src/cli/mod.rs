@@ -399,15 +399,32 @@ mod tests {
                 policy: FailurePolicy::HangUp
             }
         );
-        let args = agents(&["policy", "agent_1", "transfer:sip:sip:desk@example.com"]);
+        let args = agents(&["policy", "agent_1", "transfer:user:desk:one"]);
         let AgentsCommand::Policy { policy, .. } = args.command else {
             panic!("not policy");
         };
         assert_eq!(
             json!(policy),
-            json!({"action": "transfer", "to": {"kind": "sip", "value": "sip:desk@example.com"}})
+            json!({"action": "transfer", "to": {"kind": "user", "value": "desk:one"}})
         );
-        for bad in ["", "hang-up", "transfer:number", "transfer::+1"] {
+        // What Sent's transfer tool cannot take is refused here, saying why.
+        let error = parse(&[
+            "agents",
+            "policy",
+            "agent_1",
+            "transfer:sip:sip:desk@example.com",
+        ])
+        .err()
+        .expect("refused")
+        .to_string();
+        assert!(error.contains("user, number or agent"), "{error}");
+        for bad in [
+            "",
+            "hang-up",
+            "transfer:number",
+            "transfer::+1",
+            "transfer:number:555",
+        ] {
             assert!(
                 parse(&["agents", "policy", "agent_1", bad]).is_err(),
                 "{bad:?}"

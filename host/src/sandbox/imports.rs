@@ -162,11 +162,12 @@ impl session::Host for HostState {
         last: Option<bool>,
         interruptible: Option<bool>,
     ) -> wasmtime::Result<Result<(), Refused>> {
-        Ok(self.imports.say(text, last, interruptible))
+        // May wait while Sent reads the call's backlog (the wall-clock bound of the call covers it).
+        Ok(self.imports.say(text, last, interruptible).await)
     }
 
     async fn clear(&mut self) -> wasmtime::Result<Result<(), Refused>> {
-        Ok(self.imports.clear())
+        Ok(self.imports.clear().await)
     }
 
     async fn send_audio(&mut self, samples: Vec<i16>) -> wasmtime::Result<()> {

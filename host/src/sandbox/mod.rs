@@ -106,15 +106,16 @@ impl Default for Limits {
 pub trait GuestImports: Send + Sync + 'static {
     /// The call the instance serves, as it started (the `info` import).
     fn info(&self) -> Call;
-    /// Speaks `text` on a text call (the `say` import): an `agent.say` frame.
+    /// Speaks `text` on a text call (the `say` import): an `agent.say` frame. Resolves once it is queued
+    /// for Sent (it may wait while Sent reads the call's backlog).
     fn say(
         &self,
         text: String,
         last: Option<bool>,
         interruptible: Option<bool>,
-    ) -> Result<(), Refused>;
-    /// Drops what Sent has not played yet (the `clear` import): an `agent.clear` frame.
-    fn clear(&self) -> Result<(), Refused>;
+    ) -> Pin<Box<dyn Future<Output = Result<(), Refused>> + Send>>;
+    /// Drops what Sent has not played yet (the `clear` import): an `agent.clear` frame, queued as `say`'s.
+    fn clear(&self) -> Pin<Box<dyn Future<Output = Result<(), Refused>> + Send>>;
     /// Plays these samples on an audio call (the `send-audio` import); dropped when they cannot go.
     fn send_audio(&self, samples: Vec<i16>);
     /// Uses one of Sent's tools with `arguments` as a JSON object (the `tool` import); resolves with Sent's

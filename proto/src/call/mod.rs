@@ -43,7 +43,8 @@ pub use policy::{FailurePolicy, Party, PolicyError};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CallKey(pub u64);
 
-/// How long a `session.resume` may wait for Sent's answer before the call is given up as lost.
+/// The least a `session.resume` waits for Sent's answer before the call is given up as lost (it waits the
+/// call's resume window when that is longer: Sent holds the call no longer).
 pub const RESUME_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Tool calls of the guest's that may wait for Sent's answer at once (the failure policy's own are not
@@ -136,6 +137,50 @@ pub enum Refused {
     TimedOut,
 }
 
+/// How many traps within how long make the host give up on the agent for a call: the failure policy then
+/// (counted by the call's task, which sees the traps).
+#[derive(Debug, Clone)]
+pub struct TrapWindow {
+    max: usize,
+    window: Duration,
+    at: VecDeque<Instant>,
+}
+
+impl TrapWindow {
+    /// At most `max` traps within `window`.
+    pub fn new(max: usize, window: Duration) -> TrapWindow {
+        TrapWindow {
+            max,
+            window,
+            at: VecDeque::new(),
+        }
+    }
+
+    /// A trap at `now`: whether that makes `max` within the window (the agent cannot serve the call).
+    pub fn trapped(&mut self, now: Instant) -> bool {
+        self.at.push_back(now);
+        while self
+            .at
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > self.window)
+        {
+            self.at.pop_front();
+        }
+        self.at.len() >= self.max
+    }
+}
+
+/// Why a guest's frame does not go now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotNow {
+    /// Refused, as the guest hears it.
+    Refused(Refused),
+    /// The call has as many frames unwritten as may be, and Sent is reading its connection: try again
+    /// once its writer has written more, or at this moment at the latest (when Sent, if it has written
+    /// nothing more, counts as no longer reading).
+    Wait(Instant),
+}
+
 /// Sent's answer to one tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolAnswer {
@@ -187,7 +232,7 @@ impl GuestEvent {
     }
 }
 
-/// What a call (or the router around it) asks its I/O to do.
+/// What a call asks its I/O to do (the router adds its own: [`crate::router::Output`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {
     /// Write a frame's text on `conn`, tagged with the call so it can be retracted while still queued.
@@ -198,6 +243,9 @@ pub enum Output {
         key: CallKey,
         /// The frame, encoded.
         text: String,
+        /// Whether it is one of the call's counted frames (a `session.resume` is not): the writer reports
+        /// how many of those it has written ([`crate::Router::handle_written`]).
+        counted: bool,
     },
     /// Write a binary audio message on `conn`. At most `backlog` bytes of this call's audio may wait
     /// there: past it the oldest is dropped and counted.
@@ -227,36 +275,10 @@ pub enum Output {
         /// Sent's answer, or why there is none (`ended`, `timed-out`).
         answer: Result<ToolAnswer, Refused>,
     },
-    /// The guest has an event waiting ([`Call::next_event`]).
+    /// The guest has an event waiting ([`crate::Router::poll_event`]).
     Wake {
         /// The call whose guest has an event waiting.
         key: CallKey,
-    },
-    /// The pong for a ping on `conn`: written before any data queued there.
-    Pong {
-        /// The connection the ping came on.
-        conn: ConnId,
-        /// The pong frame, encoded.
-        text: String,
-    },
-    /// Open connection `conn` after `delay`.
-    Dial {
-        /// The id the new connection gets.
-        conn: ConnId,
-        /// The backoff before dialling (zero: at once).
-        delay: Duration,
-    },
-    /// Close `conn` cleanly with 1000 (Sent sends what it carries to the fallback at once).
-    Close {
-        /// The connection to close.
-        conn: ConnId,
-    },
-    /// A new call to serve: its task should start.
-    Spawn {
-        /// The new call.
-        key: CallKey,
-        /// Sent's `session.start` for it.
-        start: Box<SessionStart>,
     },
 }
 
@@ -284,11 +306,40 @@ pub enum Place {
     Moving {
         /// The connection the `session.resume` went out on.
         conn: ConnId,
+        /// The connection Sent still carries the call on, if it moves off one that is alive (a drained
+        /// one): that one must not be closed under it.
+        attached: Option<ConnId>,
     },
-    /// No connection: waiting to be carried to one.
-    Detached,
+    /// No connection of ours: waiting to be carried to one.
+    Detached {
+        /// The connection Sent still carries the call on, as for `Moving`.
+        attached: Option<ConnId>,
+    },
     /// Ended or lost.
     Done,
+}
+
+impl Place {
+    /// Whether the call's resume is out on `conn`.
+    pub fn moving_to(&self, conn: ConnId) -> bool {
+        matches!(self, Place::Moving { conn: to, .. } if *to == conn)
+    }
+
+    /// The connection the call is live on, or whose answer it waits for.
+    pub fn conn(&self) -> Option<ConnId> {
+        match self {
+            Place::Live { conn, .. } | Place::Moving { conn, .. } => Some(*conn),
+            _ => None,
+        }
+    }
+
+    /// The connection Sent still carries the call on while it moves off it.
+    pub fn attached(&self) -> Option<ConnId> {
+        match self {
+            Place::Moving { attached, .. } | Place::Detached { attached } => *attached,
+            _ => None,
+        }
+    }
 }
 
 /// The state of a call.
@@ -300,16 +351,14 @@ enum State {
         stream: Option<u16>,
     },
     /// A `session.resume` went out on `to`: frames are held and audio dropped until `session.resumed` (or a
-    /// refusal) arrives there, by `deadline`.
+    /// refusal) arrives there, by `answer_by`.
     Moving {
         to: ConnId,
-        deadline: Instant,
+        answer_by: Instant,
     },
-    /// Off every connection (its own was lost, or a resume was refused with `connection_full`): frames are
-    /// held, audio dropped, until the router carries it to a connection, by `deadline` (the resume window).
-    Detached {
-        deadline: Instant,
-    },
+    /// Off every connection of ours (its own was lost, or a resume was refused with `connection_full`):
+    /// frames are held, audio dropped, until the router carries it to a connection.
+    Detached,
     Ended,
     Lost,
 }
@@ -359,13 +408,21 @@ pub struct Call {
     /// The latest resume token: a secret, never logged.
     token: Option<String>,
     window: Duration,
+    /// While it moves or is detached: the live connection Sent still carries it on (it left a drained one
+    /// that is still open), and when Sent stops holding it for a resume (set once no connection carries
+    /// it; a refused resume does not move it).
+    attached: Option<ConnId>,
+    window_ends: Option<Instant>,
     /// Sent's counted frames read.
     received: u64,
-    /// Our counted frames no longer kept, the kept ones, and how many of all were handed to a connection
-    /// (the rest are held for the next resume).
+    /// Our counted frames no longer kept, the kept ones, how many of all were handed to a connection (the
+    /// rest are held for the next resume), and how many are known written (the writer's report, over
+    /// `written_base`: what the call's connection had written before it got there, or Sent had read).
     before: u64,
     kept: VecDeque<Kept>,
     handed: u64,
+    written: u64,
+    written_base: u64,
     /// The last `call_ref` number issued (`t1`, `t2`, …), and the calls waiting for an answer.
     tools_issued: u64,
     waiting: Vec<Waiting>,
@@ -402,10 +459,14 @@ impl Call {
             state: State::Live { conn, stream },
             token: start.resume.as_ref().map(|r| r.token.clone()),
             window: window_of(start.resume.as_ref().map(|r| r.window_ms)),
+            attached: None,
+            window_ends: None,
             received: 0,
             before: 0,
             kept: VecDeque::new(),
             handed: 0,
+            written: 0,
+            written_base: 0,
             tools_issued: 0,
             waiting: Vec::new(),
             events: VecDeque::from([GuestEvent::Start]),
@@ -437,8 +498,13 @@ impl Call {
     pub fn place(&self) -> Place {
         match self.state {
             State::Live { conn, stream } => Place::Live { conn, stream },
-            State::Moving { to, .. } => Place::Moving { conn: to },
-            State::Detached { .. } => Place::Detached,
+            State::Moving { to, .. } => Place::Moving {
+                conn: to,
+                attached: self.attached,
+            },
+            State::Detached => Place::Detached {
+                attached: self.attached,
+            },
             State::Ended | State::Lost => Place::Done,
         }
     }
@@ -455,7 +521,12 @@ impl Call {
 
     /// Whether the call can move to another connection now: it has a token and is not moving already.
     pub fn movable(&self) -> bool {
-        self.token.is_some() && matches!(self.state, State::Live { .. } | State::Detached { .. })
+        self.token.is_some() && matches!(self.state, State::Live { .. } | State::Detached)
+    }
+
+    /// The tool calls issued so far (the last `call_ref` is `t<this>`).
+    pub fn tools_issued(&self) -> u64 {
+        self.tools_issued
     }
 
     /// Sent's counted frames read, and ours sent, for tests and the log.
@@ -587,6 +658,8 @@ impl Call {
             Media::Text => None,
         };
         self.state = State::Live { conn, stream };
+        self.attached = None;
+        self.window_ends = None;
         fx.stats.resumes += 1;
         self.replay(conn, frame.received, now, fx);
     }
@@ -603,6 +676,8 @@ impl Call {
             self.before = read;
             self.kept.clear();
             self.handed = read;
+            self.written = read;
+            self.written_base = read;
             tracing::warn!(
                 session = self.id,
                 "Sent needs frames no longer kept: hanging up"
@@ -618,10 +693,14 @@ impl Call {
                 conn,
                 key: self.key,
                 text: kept.text.clone(),
+                counted: true,
             });
             fx.stats.frames_out += 1;
         }
         self.handed = self.sent();
+        // Sent has what it read; this connection's writer counts from there.
+        self.written = read;
+        self.written_base = read;
     }
 
     /// Sent's `error` naming this call, on `conn`. Returns whether it refused the call's resume with
@@ -640,10 +719,9 @@ impl Call {
             State::Moving { to, .. } if to == conn && about_resume => {
                 if code == "connection_full" {
                     // [scenario: connection_full_resumes_elsewhere] The token is still good elsewhere; until
-                    // then the call is held and sends nothing on the full connection.
-                    self.state = State::Detached {
-                        deadline: now + self.window,
-                    };
+                    // then the call is held and sends nothing on the full connection. Sent keeps it where it
+                    // was: on the connection it left, or held for its window, which runs on as it ran.
+                    self.state = State::Detached;
                     true
                 } else {
                     // [scenario: resume_failed_loses_session]
@@ -683,18 +761,25 @@ impl Call {
     // ----- the router's side -----
 
     /// The call moves to `conn`: until `session.resumed` arrives there, frames are held and audio dropped.
-    /// What is still queued on its old connection is retracted (a replay brings it again). Returns false
-    /// when it cannot move (no token, or it is moving already).
+    /// What is still queued on its old connection is retracted (a replay brings it again), so what was not
+    /// known written counts as held; Sent carries the call on that connection until it reads the resume
+    /// ([scenario: full_resume_keeps_the_drained_call]: no window runs meanwhile, and the router keeps that
+    /// connection open).
+    /// Returns false when it cannot move (no token, or it is moving already).
     pub fn move_to(&mut self, conn: ConnId, now: Instant, fx: &mut Effects) -> bool {
         let Some(token) = self.token.clone() else {
             return false;
         };
         match self.state {
-            State::Live { conn: old, .. } => fx.out.push_back(Output::Retract {
-                conn: old,
-                key: self.key,
-            }),
-            State::Detached { .. } => {}
+            State::Live { conn: old, .. } => {
+                fx.out.push_back(Output::Retract {
+                    conn: old,
+                    key: self.key,
+                });
+                self.attached = Some(old);
+                self.handed = self.written;
+            }
+            State::Detached => {}
             _ => return false,
         }
         let resume = Frame::SessionResume(SessionResume {
@@ -709,29 +794,38 @@ impl Call {
             conn,
             key: self.key,
             text,
+            counted: false,
         });
+        // [scenario: late_resumed_is_not_left_silent] Sent holds a call for a resume for its window: an answer
+        // later than that (or than the host's floor) is Sent's mistake, and is hung up when it comes.
         self.state = State::Moving {
             to: conn,
-            deadline: now + RESUME_ANSWER_TIMEOUT,
+            answer_by: now + self.window.max(RESUME_ANSWER_TIMEOUT),
         };
         true
     }
 
     /// The connection `conn` is gone. A call live on it with a token waits, detached, for another one
-    /// until its window has passed; without a token it is lost. A call whose resume was out on it is lost
-    /// (its resume was never answered). [scenario: lost_connection_resumes]
+    /// until its window has passed (what its connection had not written is held again); without a token
+    /// it is lost. A call whose resume was out on it is lost (its resume was never answered). A call
+    /// moving off it (Sent carried it there) now has its window running. [scenario:
+    /// lost_connection_resumes, frames_lost_unwritten_stay_replayable]
     pub fn connection_lost(&mut self, conn: ConnId, now: Instant, fx: &mut Effects) {
         match self.state {
             State::Live { conn: on, .. } if on == conn => {
                 if self.token.is_some() {
-                    self.state = State::Detached {
-                        deadline: now + self.window,
-                    };
+                    self.state = State::Detached;
+                    self.handed = self.written;
+                    self.window_ends = Some(now + self.window);
                 } else {
                     self.lose(fx);
                 }
             }
             State::Moving { to, .. } if to == conn => self.lose(fx),
+            _ if self.attached == Some(conn) => {
+                self.attached = None;
+                self.window_ends = Some(now + self.window);
+            }
             _ => {}
         }
     }
@@ -744,12 +838,13 @@ impl Call {
 
     /// The earliest moment something is due: a resume's answer, the resume window, a tool's answer.
     pub fn deadline(&self) -> Option<Instant> {
-        let state = match self.state {
-            State::Moving { deadline, .. } | State::Detached { deadline } => Some(deadline),
-            _ => None,
+        let (answer, window) = match self.state {
+            State::Moving { answer_by, .. } => (Some(answer_by), self.window_ends),
+            State::Detached => (None, self.window_ends),
+            _ => (None, None),
         };
         let tools = self.waiting.iter().map(|w| w.deadline).min();
-        [state, tools].into_iter().flatten().min()
+        [answer, window, tools].into_iter().flatten().min()
     }
 
     /// What is due at `now`.
@@ -757,11 +852,13 @@ impl Call {
         match self.state {
             // [scenario: unreachable_sent_loses_call_after_window] Sent keeps a call for a resume only for
             // its window: past it the call is lost here too.
-            State::Detached { deadline } if deadline <= now => {
+            State::Detached | State::Moving { .. }
+                if self.window_ends.is_some_and(|end| end <= now) =>
+            {
                 tracing::info!(session = self.id, "the resume window has passed");
                 self.lose(fx);
             }
-            State::Moving { deadline, .. } if deadline <= now => {
+            State::Moving { answer_by, .. } if answer_by <= now => {
                 tracing::warn!(session = self.id, "Sent did not answer the resume");
                 self.lose(fx);
             }
@@ -797,37 +894,50 @@ impl Call {
     }
 
     /// A counted frame of the guest's (`agent.say`, `agent.clear`), already encoded and checked by the
-    /// codec. `unwritten` is how many of the call's frames still wait in its connection's queue.
+    /// codec. `reading_until` is how long Sent counts as reading the call's connection (see
+    /// [`Call::room_for_a_frame`]).
     pub fn send(
         &mut self,
         frame: &Frame,
         text: String,
-        unwritten: usize,
+        reading_until: Option<Instant>,
         fx: &mut Effects,
-    ) -> Result<(), Refused> {
-        if self.finished() {
-            return Err(Refused::Ended);
+    ) -> Result<(), NotNow> {
+        // [scenario: given_up_guest_stays_silent] A guest given up on acts no more: the failure policy
+        // has the call.
+        if self.finished() || self.gave_up {
+            return Err(NotNow::Refused(Refused::Ended));
         }
         if matches!(frame, Frame::AgentSay(_)) && self.media != Media::Text {
-            return Err(Refused::WrongMedia);
+            return Err(NotNow::Refused(Refused::WrongMedia));
         }
-        self.room_for_a_frame(unwritten)?;
+        self.room_for_a_frame(reading_until)?;
         self.keep_and_hand(text, None, fx);
         Ok(())
     }
 
-    /// [scenario: unread_frames_refused_over_limit] Every counted frame not yet written must still be
-    /// kept for a replay: at most [`RETAINED_FRAMES`] wait, in the connection's queue or held during a
-    /// resume; past that the guest is refused `over-limit` and nothing is counted.
-    fn room_for_a_frame(&self, unwritten: usize) -> Result<(), Refused> {
-        let waiting = match self.state {
-            State::Live { .. } => unwritten,
-            _ => (self.sent() - self.handed) as usize,
-        };
-        if waiting >= RETAINED_FRAMES {
-            return Err(Refused::OverLimit);
+    /// [scenario: unread_frames_refused_over_limit, slow_reader_hears_all_speech] Every counted frame
+    /// not known written must still be kept for a replay: at most [`RETAINED_FRAMES`] are, queued for the
+    /// connection or held while the call moves. Past that, a live call whose connection Sent is reading
+    /// (its writer made progress lately: until `reading_until`) waits for room; otherwise the guest is
+    /// refused `over-limit`, and nothing is counted.
+    fn room_for_a_frame(&self, reading_until: Option<Instant>) -> Result<(), NotNow> {
+        if self.sent() - self.written < RETAINED_FRAMES as u64 {
+            return Ok(());
         }
-        Ok(())
+        match reading_until {
+            Some(until) if matches!(self.state, State::Live { .. }) => Err(NotNow::Wait(until)),
+            _ => Err(NotNow::Refused(Refused::OverLimit)),
+        }
+    }
+
+    /// The writer of the call's connection `conn` has written `frames` of the call's counted frames there
+    /// (the shell's report).
+    pub fn written(&mut self, conn: ConnId, frames: u64) {
+        if matches!(self.state, State::Live { conn: on, .. } if on == conn) {
+            let written = self.written_base.saturating_add(frames).min(self.handed);
+            self.written = self.written.max(written);
+        }
     }
 
     /// Counts and keeps one of our frames, and writes it if the call is on a connection.
@@ -841,6 +951,7 @@ impl Call {
                 conn,
                 key: self.key,
                 text: text.clone(),
+                counted: true,
             });
             fx.stats.frames_out += 1;
         }
@@ -854,37 +965,47 @@ impl Call {
         }
     }
 
-    /// The guest's tool call: its `call_ref`, to wait on for an [`Output::Answer`].
+    /// The guest's tool call, its arguments as the guest wrote them (JSON text, bounded before it is
+    /// parsed): its `call_ref`, to wait on for an [`Output::Answer`].
     pub fn tool(
         &mut self,
         name: String,
-        arguments: Option<Map<String, Value>>,
-        unwritten: usize,
+        arguments: Option<&str>,
+        reading_until: Option<Instant>,
         now: Instant,
         fx: &mut Effects,
-    ) -> Result<String, Refused> {
-        if self.finished() {
-            return Err(Refused::Ended);
+    ) -> Result<String, NotNow> {
+        use NotNow::Refused as No;
+        if self.finished() || self.gave_up {
+            return Err(No(Refused::Ended));
         }
         if name.len() > MAX_TOOL_NAME_BYTES {
-            return Err(Refused::Invalid);
+            return Err(No(Refused::Invalid));
         }
+        if arguments.is_some_and(|a| a.len() > MAX_TOOL_ARGUMENTS_BYTES) {
+            return Err(No(Refused::OverLimit));
+        }
+        let arguments = match arguments.map(serde_json::from_str::<Map<String, Value>>) {
+            None => None,
+            Some(Ok(map)) => Some(map),
+            Some(Err(_)) => return Err(No(Refused::Invalid)),
+        };
         let guests = self
             .waiting
             .iter()
             .filter(|w| w.owner == Owner::Guest)
             .count();
         if guests >= MAX_WAITING_TOOLS {
-            return Err(Refused::OverLimit);
+            return Err(No(Refused::OverLimit));
         }
-        self.room_for_a_frame(unwritten)?;
+        self.room_for_a_frame(reading_until)?;
         let frame = Frame::ToolCall(ToolCall {
             session_id: self.id.clone(),
             call_ref: call_ref(self.tools_issued + 1),
             name,
             arguments,
         });
-        let text = frames::encode_to_string(&frame).map_err(|_| Refused::Invalid)?;
+        let text = frames::encode_to_string(&frame).map_err(|_| No(Refused::Invalid))?;
         self.tools_issued += 1;
         let n = self.tools_issued;
         self.waiting.push(Waiting {
@@ -901,11 +1022,15 @@ impl Call {
     pub fn send_audio(&mut self, samples: &[u8], fx: &mut Effects) {
         // [scenario: audio_after_end_not_delivered, speech_during_a_resume_is_held] No audio after the end, none while
         // moving: the old stream may be another caller's on the new connection.
-        let State::Live {
-            conn,
-            stream: Some(stream),
-        } = self.state
-        else {
+        // A guest given up on plays nothing more.
+        let live = match self.state {
+            State::Live {
+                conn,
+                stream: Some(stream),
+            } if !self.gave_up => Some((conn, stream)),
+            _ => None,
+        };
+        let Some((conn, stream)) = live else {
             if self.media != Media::Text && !samples.is_empty() {
                 fx.stats.audio_out_dropped += 1;
             }
@@ -948,12 +1073,8 @@ impl Call {
         fx.stats.policies_applied += 1;
         match self.policy.clone() {
             FailurePolicy::HangUp => self.issue_tool("hangup", None, Owner::HostHangup, now, fx),
-            FailurePolicy::Transfer { to: party } => {
-                let mut to = Map::new();
-                to.insert("kind".into(), Value::String(party.kind().into()));
-                to.insert("value".into(), Value::String(party.value().into()));
-                let mut arguments = Map::new();
-                arguments.insert("to".into(), Value::Object(to));
+            FailurePolicy::Transfer { to } => {
+                let arguments = to.arguments();
                 self.issue_tool("transfer", Some(arguments), Owner::PolicyTransfer, now, fx);
             }
         }
@@ -1006,6 +1127,12 @@ impl Call {
                 tool = name,
                 "cannot encode the host's tool call"
             );
+            // [scenario: unsendable_policy_transfer_hangs_up] A transfer the codec will not carry (the
+            // config and the API refuse such parties; this is the last line) ends in a hangup, never in
+            // silence.
+            if owner == Owner::PolicyTransfer {
+                self.issue_tool("hangup", None, Owner::HostHangup, now, fx);
+            }
             return;
         };
         self.tools_issued = n;

@@ -3,7 +3,10 @@
 //! `{"action":"hangup"}` or `{"action":"transfer","to":{"kind":…,"value":…}}`), and `voicehost run` and
 //! the CLI take it as text (`hangup` or `transfer:KIND:VALUE`).
 
+use crate::wire::{frames, loggable, Frame};
+use sentdm_voice_agents::frames::ToolCall;
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use std::fmt;
 use std::str::FromStr;
 
@@ -23,15 +26,14 @@ pub enum FailurePolicy {
     },
 }
 
-/// A party as Sent's `transfer` tool takes it: a kind (`number`, `user`, `agent`, `sip`, …) and a value,
-/// neither empty.
+/// A party as Sent's `transfer` tool takes it: a kind (`user`, `number` or `agent`) and a value (for a
+/// number, E.164: `+` and 7 to 15 digits), as the official codec checks a `transfer` tool call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(try_from = "PartyFields")]
 #[cfg_attr(feature = "schema", schema(as = TransferTarget))]
 pub struct Party {
-    /// The kind of party, e.g. `number`; Sent's kinds are `user`, `number`, `conference`, `agent` and
-    /// `anonymous` today.
+    /// The kind of party: `user`, `number` or `agent` (the kinds a `transfer` takes).
     #[cfg_attr(feature = "schema", schema(min_length = 1, example = "number"))]
     kind: String,
     /// Who, for that kind: an E.164 phone number for `number`, an id for the others.
@@ -83,13 +85,42 @@ impl TryFrom<PartyFields> for Party {
 }
 
 impl Party {
-    /// A party of `kind` and `value`; refused when either is empty.
+    /// A party of `kind` and `value`; refused when either is empty, or when the official codec would not
+    /// carry a `transfer` to it (so that a failure policy never fails where it runs).
     pub fn new(kind: impl Into<String>, value: impl Into<String>) -> Result<Party, PolicyError> {
         let (kind, value) = (kind.into(), value.into());
         if kind.is_empty() || value.is_empty() {
             return Err(PolicyError::EmptyParty);
         }
-        Ok(Party { kind, value })
+        let party = Party { kind, value };
+        let transfer = Frame::ToolCall(ToolCall {
+            session_id: "vs_0".into(),
+            call_ref: "t1".into(),
+            name: "transfer".into(),
+            arguments: Some(party.arguments()),
+        });
+        match frames::encode_to_string(&transfer) {
+            Ok(_) => Ok(party),
+            Err(_) if !matches!(party.kind.as_str(), "user" | "number" | "agent") => {
+                Err(PolicyError::Unsendable(
+                    "Sent's transfer tool takes a party of kind user, number or agent".into(),
+                ))
+            }
+            Err(_) if party.kind == "number" => Err(PolicyError::Unsendable(
+                "a number is E.164: `+` and 7 to 15 digits, e.g. +14155550100".into(),
+            )),
+            Err(error) => Err(PolicyError::Unsendable(loggable(&error.message))),
+        }
+    }
+
+    /// The `transfer` tool's arguments for this party: `{"to": {"kind", "value"}}`.
+    pub fn arguments(&self) -> Map<String, Value> {
+        let mut to = Map::new();
+        to.insert("kind".into(), Value::String(self.kind.clone()));
+        to.insert("value".into(), Value::String(self.value.clone()));
+        let mut arguments = Map::new();
+        arguments.insert("to".into(), Value::Object(to));
+        arguments
     }
 
     /// The kind of party: `number`, `user`, `agent`, `sip`, …
@@ -104,6 +135,18 @@ impl Party {
 }
 
 impl FailurePolicy {
+    /// A transfer to a party nothing checked, for the tests of what happens when one gets through.
+    #[cfg(any(test, feature = "fuzzing"))]
+    #[doc(hidden)]
+    pub fn transfer_unchecked(kind: &str, value: &str) -> FailurePolicy {
+        FailurePolicy::Transfer {
+            to: Party {
+                kind: kind.into(),
+                value: value.into(),
+            },
+        }
+    }
+
     /// A transfer to `kind:value`.
     pub fn transfer(kind: &str, value: &str) -> Result<FailurePolicy, PolicyError> {
         Ok(FailurePolicy::Transfer {
@@ -121,6 +164,9 @@ pub enum PolicyError {
     /// A hangup given a party (`to`), which only a transfer takes.
     #[error("a hangup takes no party")]
     HangUpWithParty,
+    /// A party the official codec will not carry in a `transfer`, and why.
+    #[error("Sent cannot transfer to it: {0}")]
+    Unsendable(String),
     /// Text that is neither `hangup` nor `transfer:KIND:VALUE`.
     #[error(
         "a failure policy is `hangup` or `transfer:KIND:VALUE`, e.g. `transfer:number:+14155550100`"
@@ -139,7 +185,10 @@ impl FromStr for FailurePolicy {
         match text.split_once(':') {
             Some(("transfer", party)) => {
                 let (kind, value) = party.split_once(':').ok_or(PolicyError::NotAPolicy)?;
-                FailurePolicy::transfer(kind, value).map_err(|_| PolicyError::NotAPolicy)
+                FailurePolicy::transfer(kind, value).map_err(|error| match error {
+                    PolicyError::Unsendable(_) => error,
+                    _ => PolicyError::NotAPolicy,
+                })
             }
             _ => Err(PolicyError::NotAPolicy),
         }
@@ -169,8 +218,8 @@ mod tests {
             FailurePolicy::transfer("number", "+14155550100")
         );
         assert_eq!(
-            "transfer:sip:sip:desk@example.com".parse(),
-            FailurePolicy::transfer("sip", "sip:desk@example.com")
+            "transfer:user:desk:one".parse(),
+            FailurePolicy::transfer("user", "desk:one")
         );
     }
 
@@ -198,7 +247,7 @@ mod tests {
     fn text_and_json_read_back_what_they_wrote() {
         for policy in [
             FailurePolicy::HangUp,
-            FailurePolicy::transfer("sip", "sip:desk@example.com").unwrap(),
+            FailurePolicy::transfer("agent", "agent_desk").unwrap(),
         ] {
             assert_eq!(policy.to_string().parse(), Ok(policy.clone()));
             let json = serde_json::to_value(&policy).unwrap();
@@ -216,9 +265,31 @@ mod tests {
             json!({"action": "hangup"})
         );
         assert_eq!(
-            serde_json::to_value(FailurePolicy::transfer("number", "+1").unwrap()).unwrap(),
-            json!({"action": "transfer", "to": {"kind": "number", "value": "+1"}})
+            serde_json::to_value(FailurePolicy::transfer("number", "+14155550100").unwrap())
+                .unwrap(),
+            json!({"action": "transfer", "to": {"kind": "number", "value": "+14155550100"}})
         );
+    }
+
+    #[test]
+    fn a_party_the_codec_would_not_carry_is_refused_where_it_is_named() {
+        for (text, why) in [
+            (
+                "transfer:sip:sip:desk@example.com",
+                "kind user, number or agent",
+            ),
+            ("transfer:conference:room", "kind user, number or agent"),
+            ("transfer:number:14155550100", "E.164"),
+            ("transfer:number:+1", "E.164"),
+        ] {
+            let error = text.parse::<FailurePolicy>().unwrap_err();
+            assert!(
+                matches!(&error, PolicyError::Unsendable(message) if message.contains(why)),
+                "{text}: {error}"
+            );
+        }
+        let json = json!({"action": "transfer", "to": {"kind": "sip", "value": "sip:x@y"}});
+        assert!(serde_json::from_value::<FailurePolicy>(json).is_err());
     }
 
     #[test]

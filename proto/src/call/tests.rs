@@ -18,6 +18,10 @@ struct Test {
     call: Call,
     fx: Effects,
     now: Instant,
+    /// The call's counted frames handed to each connection, and whether its writer writes each at once
+    /// (and reports it), as a connection Sent reads does.
+    handed: std::collections::HashMap<ConnId, u64>,
+    writer_keeps_up: bool,
 }
 
 impl Test {
@@ -43,6 +47,8 @@ impl Test {
             call: Call::new(CallKey(1), &start, CONN, limits, policy, &mut fx),
             fx,
             now: Instant::now(),
+            handed: std::collections::HashMap::new(),
+            writer_keeps_up: true,
         };
         assert_eq!(test.call.next_event(), Some(GuestEvent::Start));
         test
@@ -60,11 +66,15 @@ impl Test {
         }));
     }
 
+    /// A say while Sent does not count as reading: refused past the bound, never waiting.
     fn say(&mut self, text: &str) -> Result<(), Refused> {
-        self.say_with(text, 0)
+        self.say_reading(text, None).map_err(|not| match not {
+            NotNow::Refused(refused) => refused,
+            NotNow::Wait(_) => panic!("waits with Sent not reading"),
+        })
     }
 
-    fn say_with(&mut self, text: &str, unwritten: usize) -> Result<(), Refused> {
+    fn say_reading(&mut self, text: &str, reading_until: Option<Instant>) -> Result<(), NotNow> {
         let frame = Frame::AgentSay(AgentSay {
             session_id: "vs_1".into(),
             text: text.into(),
@@ -72,11 +82,43 @@ impl Test {
             last: None,
         });
         let encoded = frames::encode_to_string(&frame).unwrap();
-        self.call.send(&frame, encoded, unwritten, &mut self.fx)
+        let from = self.fx.out.len();
+        let result = self.call.send(&frame, encoded, reading_until, &mut self.fx);
+        self.handed_from(from);
+        result
+    }
+
+    /// Counts the counted frames handed since output `from`, and reports them written if the writer keeps
+    /// up.
+    fn handed_from(&mut self, from: usize) {
+        for output in self.fx.out.iter().skip(from) {
+            if let Output::Frame {
+                conn,
+                counted: true,
+                ..
+            } = output
+            {
+                *self.handed.entry(*conn).or_default() += 1;
+            }
+        }
+        if self.writer_keeps_up {
+            for (conn, frames) in &self.handed {
+                self.call.written(*conn, *frames);
+            }
+        }
     }
 
     fn tool(&mut self, name: &str) -> Result<String, Refused> {
-        self.call.tool(name.into(), None, 0, self.now, &mut self.fx)
+        let from = self.fx.out.len();
+        let result = self
+            .call
+            .tool(name.into(), None, None, self.now, &mut self.fx)
+            .map_err(|not| match not {
+                NotNow::Refused(refused) => refused,
+                NotNow::Wait(_) => panic!("waits with Sent not reading"),
+            });
+        self.handed_from(from);
+        result
     }
 
     fn result(&mut self, call_ref: &str, ok: bool) {
@@ -109,8 +151,10 @@ impl Test {
             }),
             audio: stream.map(|stream| SessionResumedAudio { stream }),
         };
+        let from = self.fx.out.len();
         self.call
             .resumed(conn, &frame, |_| true, self.now, &mut self.fx);
+        self.handed_from(from);
     }
 
     fn error(&mut self, conn: ConnId, code: &str, frame_type: &str) -> bool {
@@ -403,7 +447,7 @@ fn a_call_without_a_token_is_lost_with_its_connection() {
 fn unreachable_sent_loses_call_after_window() {
     let mut t = Test::text();
     t.call.connection_lost(CONN, t.now, &mut t.fx);
-    assert_eq!(t.call.place(), Place::Detached);
+    assert_eq!(t.call.place(), Place::Detached { attached: None });
     t.say("held").unwrap();
     t.later(Duration::from_millis(1999));
     assert!(!t.call.finished());
@@ -433,9 +477,12 @@ fn an_unanswered_resume_is_lost_with_its_connection_or_its_deadline() {
     t.call.connection_lost(OTHER, t.now, &mut t.fx);
     assert!(t.call.finished());
 
+    // The window is 2 s here: the host's floor of 10 s is the longer.
     let mut t = Test::text();
     t.move_to(OTHER);
-    t.later(RESUME_ANSWER_TIMEOUT);
+    t.later(RESUME_ANSWER_TIMEOUT - Duration::from_millis(1));
+    assert!(!t.call.finished());
+    t.later(Duration::from_millis(1));
     assert!(t.call.finished());
 }
 
@@ -444,7 +491,12 @@ fn connection_full_resumes_elsewhere() {
     let mut t = Test::audio();
     t.move_to(OTHER);
     assert!(t.error(OTHER, "connection_full", "session.resume"));
-    assert_eq!(t.call.place(), Place::Detached);
+    assert_eq!(
+        t.call.place(),
+        Place::Detached {
+            attached: Some(CONN)
+        }
+    );
     t.call.send_audio(&[1; 640], &mut t.fx);
     t.outputs();
     assert!(t.move_to(3));
@@ -520,15 +572,63 @@ fn caller_audio_backlog_bounded() {
 #[test]
 fn unread_frames_refused_over_limit() {
     let mut t = Test::text();
-    assert_eq!(t.say_with("x", RETAINED_FRAMES), Err(Refused::OverLimit));
-    assert_eq!(t.call.counts().1, 0, "a refused frame is not counted");
-    assert!(t.say_with("x", RETAINED_FRAMES - 1).is_ok());
-    // While moving, the frames held count instead.
-    t.move_to(OTHER);
+    t.writer_keeps_up = false;
     for n in 0..RETAINED_FRAMES {
+        t.say(&format!("unwritten {n}")).unwrap();
+    }
+    assert_eq!(t.say("x"), Err(Refused::OverLimit));
+    assert_eq!(
+        t.call.counts().1,
+        RETAINED_FRAMES as u64,
+        "a refused frame is not counted"
+    );
+    // The writer reports one written: room for one more.
+    t.call.written(CONN, 1);
+    assert!(t.say("x").is_ok());
+    assert_eq!(t.say("y"), Err(Refused::OverLimit));
+}
+
+#[test]
+fn speech_waits_while_sent_reads() {
+    let mut t = Test::text();
+    t.writer_keeps_up = false;
+    for n in 0..RETAINED_FRAMES {
+        t.say(&format!("unwritten {n}")).unwrap();
+    }
+    let until = t.now + Duration::from_secs(1);
+    assert_eq!(t.say_reading("x", Some(until)), Err(NotNow::Wait(until)));
+    assert_eq!(t.call.counts().1, RETAINED_FRAMES as u64, "nothing counted");
+    t.call.written(CONN, 5);
+    assert!(t.say_reading("x", Some(until)).is_ok());
+}
+
+#[test]
+fn held_frames_never_outgrow_the_kept() {
+    // Frames handed to a connection that then drops unwritten are held again: with the held ones, no
+    // more than the 32 kept may wait, so every one can be replayed.
+    let mut t = Test::text();
+    t.writer_keeps_up = false;
+    for n in 0..20 {
+        t.say(&format!("queued {n}")).unwrap();
+    }
+    t.call.written(CONN, 5);
+    t.call.connection_lost(CONN, t.now, &mut t.fx);
+    t.outputs();
+    for n in 0..(RETAINED_FRAMES - 15) {
         t.say(&format!("held {n}")).unwrap();
     }
     assert_eq!(t.say("one too many"), Err(Refused::OverLimit));
+    // Resumed with Sent having read the 5 written: every other frame comes again, none missing.
+    t.move_to(OTHER);
+    t.outputs();
+    t.resumed(OTHER, 5, None);
+    let replayed = t.written();
+    assert_eq!(replayed.len(), RETAINED_FRAMES);
+    assert_eq!(replayed[0], say(OTHER, "queued 5"));
+    assert!(
+        !replayed.iter().any(|(_, kind, _)| kind == "tool.call"),
+        "no hangup"
+    );
 }
 
 #[test]
@@ -599,4 +699,54 @@ fn the_failure_policy_is_not_under_the_guests_cap() {
 fn say_on_an_audio_call_is_the_wrong_media() {
     let mut t = Test::audio();
     assert_eq!(t.say("hi"), Err(Refused::WrongMedia));
+}
+
+#[test]
+fn unsendable_policy_transfer_hangs_up() {
+    // The config and the API refuse such a party; one that gets through anyway ends in a hangup.
+    let policy = FailurePolicy::transfer_unchecked("conference", "room");
+    let mut t = Test::with(start(None, true), CallLimits::default(), policy);
+    t.call.give_up(t.now, &mut t.fx);
+    let written = t.written();
+    assert_eq!(written, [(CONN, "tool.call".into(), "t1".into())]);
+    assert_eq!(t.call.counts().1, 1, "the hangup, and nothing else");
+}
+
+#[test]
+fn a_guest_given_up_on_acts_no_more() {
+    let mut t = Test::audio();
+    t.call.give_up(t.now, &mut t.fx);
+    t.outputs();
+    assert_eq!(t.tool("transfer"), Err(Refused::Ended));
+    t.call.send_audio(&[1; 640], &mut t.fx);
+    assert!(t.outputs().is_empty(), "no audio after the policy's hangup");
+}
+
+#[test]
+fn connection_full_does_not_restart_the_window() {
+    let mut t = Test::text();
+    t.call.connection_lost(CONN, t.now, &mut t.fx);
+    t.later(Duration::from_millis(1500));
+    t.move_to(OTHER);
+    assert!(t.error(OTHER, "connection_full", "session.resume"));
+    // The window (2 s) ran from the loss: half a second more and the call is lost.
+    t.later(Duration::from_millis(499));
+    assert!(!t.call.finished());
+    t.later(Duration::from_millis(1));
+    assert!(t.call.finished());
+}
+
+#[test]
+fn a_call_moving_off_a_live_connection_has_no_window_until_that_connection_goes() {
+    let mut t = Test::text();
+    t.move_to(OTHER);
+    assert!(t.error(OTHER, "connection_full", "session.resume"));
+    // Sent still carries it on its drained connection: no window runs.
+    t.later(Duration::from_secs(60));
+    assert!(!t.call.finished());
+    t.call.connection_lost(CONN, t.now, &mut t.fx);
+    t.later(Duration::from_millis(1999));
+    assert!(!t.call.finished());
+    t.later(Duration::from_millis(1));
+    assert!(t.call.finished());
 }

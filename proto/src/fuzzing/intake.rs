@@ -14,8 +14,10 @@
 //! bytes read as zero), so that seeds can be written by hand ([`Script`]) and libFuzzer's mutations stay
 //! meaningful. Everything is deterministic: the same bytes run the same way.
 
-use crate::call::{CallKey, CallLimits, ConnId, FailurePolicy, GuestEvent, Output, Place, Refused};
-use crate::router::{Router, RouterConfig, EXTRA_CONNECTIONS};
+use crate::call::{
+    self, CallKey, CallLimits, ConnId, FailurePolicy, GuestEvent, NotNow, Place, Refused,
+};
+use crate::router::{Output, Router, RouterConfig, EXTRA_CONNECTIONS};
 use crate::wire::{self, frames, Frame, FromSent, Invalid, MAX_AUDIO_MS_PER_MESSAGE};
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
@@ -250,8 +252,8 @@ fn policy(choice: u8) -> FailurePolicy {
     match choice % 3 {
         0 => FailurePolicy::HangUp,
         1 => FailurePolicy::transfer("number", "+14155550100").unwrap(),
-        // One the codec refuses (the CLI accepts any kind).
-        _ => FailurePolicy::transfer("conference", "room").unwrap(),
+        // One the codec refuses (the config and the API refuse it; the call hangs up if one gets through).
+        _ => FailurePolicy::transfer_unchecked("conference", "room"),
     }
 }
 
@@ -305,6 +307,8 @@ struct Harness {
     connections: usize,
     conns: BTreeMap<ConnId, ConnState>,
     calls: BTreeMap<CallKey, Seen>,
+    /// Each call's counted frames handed to each connection, as its writer would count them.
+    handed: BTreeMap<(ConnId, CallKey), u64>,
     keys: Vec<CallKey>,
     stopped: bool,
     checks: Checks,
@@ -317,6 +321,8 @@ struct Harness {
 const STRAY_CONN: ConnId = 1_000_000;
 /// A call the router never had.
 const STRAY_KEY: CallKey = CallKey(u64::MAX);
+/// The key of a hangup for a session that no call serves (the router's own).
+const STRAY_HANGUP: CallKey = CallKey(0);
 
 impl Harness {
     fn new(input: &mut Input, checks: Checks) -> Harness {
@@ -340,13 +346,14 @@ impl Harness {
             connections,
             conns: BTreeMap::new(),
             calls: BTreeMap::new(),
+            handed: BTreeMap::new(),
             keys: Vec::new(),
             stopped: false,
             checks,
             pending_ping: None,
             trace: Vec::new(),
         };
-        harness.router.start();
+        harness.router.start(now);
         harness.drain(OpContext {
             name: "start",
             ..OpContext::default()
@@ -481,14 +488,14 @@ impl Harness {
                         Ok(FromSent::Frame(frame)) => match *frame {
                             Frame::ConnectionReady(ready) => {
                                 self.conns.insert(conn, ConnState::Open);
-                                self.router.opened(conn, &ready, self.now);
+                                self.router.handle_opened(self.now, conn, &ready);
                             }
                             _ => self.broke("connection.ready read as another frame"),
                         },
                         // No ready in time: the dial fails.
                         _ => {
                             self.conns.insert(conn, ConnState::Failed);
-                            self.router.dial_failed(conn, self.now);
+                            self.router.handle_dial_failed(self.now, conn);
                         }
                     }
                 }
@@ -501,7 +508,7 @@ impl Harness {
                     let conn = dialing[dial as usize % dialing.len()];
                     self.note(format!("dial {conn} failed"));
                     self.conns.insert(conn, ConnState::Failed);
-                    self.router.dial_failed(conn, self.now);
+                    self.router.handle_dial_failed(self.now, conn);
                 }
                 "dial failed"
             }
@@ -510,7 +517,7 @@ impl Harness {
                 if let Some(conn) = self.open_conn(choice).filter(|c| *c != STRAY_CONN) {
                     self.note(format!("closed {conn}"));
                     self.conns.insert(conn, ConnState::Closed);
-                    self.router.closed(conn, self.now);
+                    self.router.handle_closed(self.now, conn);
                 }
                 "closed"
             }
@@ -598,7 +605,7 @@ impl Harness {
                 let len = input.int(AUDIO_LENGTHS).clamp(0, 100_000) as usize;
                 if let Some(key) = self.guest_call(choice, false) {
                     self.note(format!("send_audio on {key:?}: {len} bytes"));
-                    self.router.send_audio(key, &vec![7; len]);
+                    self.router.handle_send_audio(key, &vec![7; len]);
                 }
                 "send_audio"
             }
@@ -608,7 +615,7 @@ impl Harness {
                     if let Some(seen) = self.calls.get_mut(&key) {
                         seen.guest = GuestState::GaveUp;
                     }
-                    self.router.give_up(key, self.now);
+                    self.router.handle_give_up(self.now, key);
                 }
                 "give_up"
             }
@@ -618,7 +625,7 @@ impl Harness {
                     if let Some(seen) = self.calls.get_mut(&key) {
                         seen.guest = GuestState::Released;
                     }
-                    self.router.release(key);
+                    self.router.handle_release(key);
                 }
                 "release"
             }
@@ -638,7 +645,7 @@ impl Harness {
                 if input.u8() < 32 {
                     self.note("stop".into());
                     self.stopped = true;
-                    self.router.stop();
+                    self.router.stop(self.now);
                 }
                 "stop"
             }
@@ -656,7 +663,7 @@ impl Harness {
         match wire::read_text(text) {
             Ok(FromSent::Ping(ts)) => {
                 self.pending_ping = Some((conn, ts));
-                self.router.ping(conn, ts);
+                self.router.handle_ping(self.now, conn, ts);
             }
             Ok(FromSent::Frame(frame)) => {
                 if frames::FROM_AGENT.contains(&frame.frame_type()) {
@@ -671,7 +678,7 @@ impl Harness {
                 {
                     self.broke("the intake let an overlong session_id through");
                 }
-                self.router.frame(conn, *frame, self.now);
+                self.router.handle_frame(self.now, conn, *frame);
             }
             Err(invalid) => {
                 let message = invalid.to_string();
@@ -694,7 +701,7 @@ impl Harness {
                     self.broke("the intake split audio into the wrong stream or samples");
                 }
                 self.router
-                    .audio(conn, stream, Bytes::copy_from_slice(samples));
+                    .handle_audio(self.now, conn, stream, Bytes::copy_from_slice(samples));
             }
             Err(Invalid::ShortAudio(n)) if n < wire::AUDIO_HEADER => {}
             Err(other) => self.broke(format_args!("audio refused: {other}")),
@@ -924,8 +931,8 @@ impl Harness {
         };
         let (live_on, moving_to) = match call.place() {
             Place::Live { conn, .. } => (Some(conn), None),
-            Place::Moving { conn } => (None, Some(conn)),
-            Place::Detached | Place::Done => (None, None),
+            Place::Moving { conn, .. } => (None, Some(conn)),
+            Place::Detached { .. } | Place::Done => (None, None),
         };
         let sent = call.counts().1 as i64;
         let (conn, frame) = match kind {
@@ -1049,12 +1056,13 @@ impl Harness {
     fn advance(&mut self, by: Duration) {
         let until = self.now + by;
         for _ in 0..10_000 {
-            match self.router.deadline() {
+            match self.router.poll_timeout() {
                 Some(at) if at <= until => {
                     self.now = self.now.max(at);
-                    self.router.timeout(self.now);
+                    self.router.handle_timeout(self.now);
                     if self.checks.deadline_moves_on {
-                        if let Some(next) = self.router.deadline().filter(|next| *next <= self.now)
+                        if let Some(next) =
+                            self.router.poll_timeout().filter(|next| *next <= self.now)
                         {
                             let late = self.now - next;
                             self.broke(format_args!(
@@ -1076,7 +1084,7 @@ impl Harness {
     }
 
     fn next_event(&mut self, key: CallKey) {
-        let event = self.router.next_event(key);
+        let event = self.router.poll_event(key);
         self.note(format!("next_event on {key:?}: {event:?}"));
         let Some(seen) = self.calls.get_mut(&key) else {
             if event.is_some() {
@@ -1117,12 +1125,31 @@ impl Harness {
         }
     }
 
+    /// The writer's report for call `key`'s connection, as the shell gives it before a guest's frame: all
+    /// it was handed there but `unwritten`.
+    fn report_written(&mut self, key: CallKey, unwritten: usize) {
+        let Some(conn) = self.router.conn_of(key) else {
+            return;
+        };
+        let handed = self.handed.get(&(conn, key)).copied().unwrap_or(0);
+        let written = handed.saturating_sub(unwritten as u64);
+        self.router.handle_written(self.now, conn, key, written);
+    }
+
     /// A counted frame of the guest's, encoded and checked by the codec first, as the guest's port does.
     fn guest_send(&mut self, key: CallKey, frame: Frame, unwritten: usize) {
         let Ok(text) = frames::encode_to_string(&frame) else {
             return;
         };
-        let result = self.router.send(key, &frame, text, |_, _| unwritten);
+        self.report_written(key, unwritten);
+        let result = self
+            .router
+            .handle_send(self.now, key, &frame, text)
+            .map_err(|not| match not {
+                NotNow::Refused(refused) => refused,
+                // Waiting is the shell's; to the harness it is a refusal that counts nothing.
+                NotNow::Wait(_) => Refused::OverLimit,
+            });
         let seen = self.calls.get(&key);
         if (seen.is_none() || seen.is_some_and(|s| s.finished)) && result != Err(Refused::Ended) {
             self.broke(format_args!(
@@ -1141,9 +1168,11 @@ impl Harness {
         arguments: Option<Map<String, Value>>,
         unwritten: usize,
     ) {
+        self.report_written(key, unwritten);
+        let arguments = arguments.map(|a| Value::Object(a).to_string());
         let result = self
             .router
-            .tool(key, name, arguments, |_, _| unwritten, self.now);
+            .handle_tool(self.now, key, name, arguments.as_deref());
         let Ok(call_ref) = result else {
             return;
         };
@@ -1186,17 +1215,34 @@ impl Harness {
         let mut audio = Vec::new();
         for output in outputs {
             match output {
-                Output::Frame { conn, key, text } => {
+                Output::Call(call::Output::Frame {
+                    conn,
+                    key,
+                    text,
+                    counted,
+                }) => {
                     self.writable(conn, "a frame");
+                    if key == STRAY_HANGUP {
+                        // A session Sent resumed that no call waits for: only a hangup may go.
+                        let hangup = frames::decode(&text)
+                            .is_ok_and(|f| matches!(&f, Frame::ToolCall(t) if t.name == "hangup"));
+                        if !hangup {
+                            self.broke(format_args!("a stray frame that is not a hangup: {text}"));
+                        }
+                        continue;
+                    }
                     self.check_frame(key, &text);
+                    if counted {
+                        *self.handed.entry((conn, key)).or_default() += 1;
+                    }
                     framed.push((key, conn));
                 }
-                Output::Audio {
+                Output::Call(call::Output::Audio {
                     conn,
                     key,
                     message,
                     backlog,
-                } => {
+                }) => {
                     self.writable(conn, "audio");
                     let Some(seen) = self.calls.get(&key) else {
                         self.broke(format_args!("audio of a call never started ({key:?})"));
@@ -1227,7 +1273,7 @@ impl Harness {
                     }
                     audio.push((key, conn, stream));
                 }
-                Output::Retract { conn, key } => {
+                Output::Call(call::Output::Retract { conn, key }) => {
                     if !self.calls.contains_key(&key) {
                         self.broke(format_args!(
                             "a retraction for a call never started ({key:?})"
@@ -1237,11 +1283,11 @@ impl Harness {
                     framed.retain(|(k, c)| (*k, *c) != (key, conn));
                     audio.retain(|(k, c, _)| (*k, *c) != (key, conn));
                 }
-                Output::Answer {
+                Output::Call(call::Output::Answer {
                     key,
                     call_ref,
                     answer,
-                } => {
+                }) => {
                     let exact = self.checks.answers_carry_the_issued_ref;
                     let Some(seen) = self.calls.get_mut(&key) else {
                         self.broke(format_args!("an answer for a call never started ({key:?})"));
@@ -1278,7 +1324,7 @@ impl Harness {
                         ));
                     }
                 }
-                Output::Wake { key } => match self.calls.get_mut(&key) {
+                Output::Call(call::Output::Wake { key }) => match self.calls.get_mut(&key) {
                     Some(seen) => seen.sleeping = false,
                     None => self.broke(format_args!("a wake for a call never started ({key:?})")),
                 },
@@ -1316,7 +1362,7 @@ impl Harness {
                         ));
                     }
                 }
-                Output::Close { conn } => self.writable(conn, "a close"),
+                Output::Close { conn, .. } => self.writable(conn, "a close"),
                 Output::Spawn { key, start } => {
                     if self.stopped {
                         self.broke("a call started after the agent stopped");
@@ -1459,8 +1505,8 @@ impl Harness {
                         }
                     }
                 }
-                Place::Moving { conn } => self.writable(conn, "a moving call"),
-                Place::Detached | Place::Done => {}
+                Place::Moving { conn, .. } => self.writable(conn, "a moving call"),
+                Place::Detached { .. } | Place::Done => {}
             }
             places.insert(key, place);
         }
@@ -1468,7 +1514,8 @@ impl Harness {
             match places.get(key) {
                 // Ended meanwhile, or forgotten.
                 None => {}
-                Some(Place::Live { conn: on, .. } | Place::Moving { conn: on }) if on == conn => {}
+                Some(Place::Live { conn: on, .. } | Place::Moving { conn: on, .. })
+                    if on == conn => {}
                 Some(place) => self.broke(format_args!(
                     "{op}: a frame of {key:?} written on {conn}, but the call is {place:?}"
                 )),
@@ -1493,7 +1540,7 @@ impl Harness {
         if !self.stopped {
             self.note("stop (the end of the input)".into());
             self.stopped = true;
-            self.router.stop();
+            self.router.stop(self.now);
             self.drain(OpContext {
                 name: "stop",
                 ..OpContext::default()

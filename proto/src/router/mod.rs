@@ -6,14 +6,16 @@
 
 use crate::backoff;
 use crate::call::{
-    Call, CallKey, CallLimits, ConnId, Effects, FailurePolicy, GuestEvent, Output, Place, Refused,
+    self, Call, CallKey, CallLimits, ConnId, Effects, FailurePolicy, GuestEvent, NotNow, Place,
+    Refused,
 };
 use crate::stats::Stats;
 use crate::wire::{self, loggable, Frame};
 use bytes::Bytes;
-use sentdm_voice_agents::frames::{ConnectionReady, ErrorFrame, SessionResumed, SessionStart};
-use serde_json::{Map, Value};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use sentdm_voice_agents::frames::{
+    ConnectionReady, ErrorFrame, SessionResumed, SessionStart, ToolCall,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
@@ -32,6 +34,77 @@ pub const RECENT_FOR: Duration = Duration::from_secs(600);
 
 /// How long an extra connection (or a drained one Sent keeps open) may sit empty before it is closed.
 pub const IDLE_RETIRE: Duration = Duration::from_secs(10);
+
+/// How long a connection that refused a resume with `connection_full` takes no resume, unless one of its
+/// calls leaves sooner (Sent's count of its sessions may be one the router cannot see).
+pub const FULL_FOR: Duration = Duration::from_secs(5);
+
+/// Heartbeat intervals of silence after which a connection is dead: nothing heard from Sent, or nothing
+/// of what is queued taken by it (`protocol.md` §2.4).
+pub const SILENT_INTERVALS: u32 = 3;
+
+/// The longest silence waited for, whatever `heartbeat_interval_ms` says.
+const MAX_SILENCE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// What the shell reports of one connection: when its reader last heard Sent (now, while it is handing
+/// what it read to the router: Sent is not silent, the agent is busy), and when its writer last had
+/// nothing waiting or wrote something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    /// The reader's last message from Sent.
+    pub heard: Instant,
+    /// The writer's last progress: everything queued written, or some of it.
+    pub written: Instant,
+}
+
+/// What the router asks its I/O to do: its calls' outputs, and its own for the connections.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// What one of its calls asks for: frames and audio to write, retractions, answers, wake-ups.
+    Call(call::Output),
+    /// The pong for a ping on `conn`: written before any data queued there.
+    Pong {
+        /// The connection the ping came on.
+        conn: ConnId,
+        /// The pong frame, encoded.
+        text: String,
+    },
+    /// Open connection `conn` after `delay`.
+    Dial {
+        /// The id the new connection gets.
+        conn: ConnId,
+        /// The backoff before dialling (zero: at once).
+        delay: Duration,
+    },
+    /// Close `conn`, for this reason.
+    Close {
+        /// The connection to close.
+        conn: ConnId,
+        /// Why, which says how.
+        why: Closing,
+    },
+    /// A new call to serve: its task should start.
+    Spawn {
+        /// The new call.
+        key: CallKey,
+        /// Sent's `session.start` for it.
+        start: Box<SessionStart>,
+    },
+}
+
+/// Why the router closes a connection, which says how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closing {
+    /// Nobody needs it, or the agent stops: a clean close with 1000 (Sent sends what it carries to the
+    /// fallback at once).
+    Unneeded,
+    /// [scenario: silent_sent_reconnects] Sent sent nothing for three heartbeat intervals: it is dead; a
+    /// close with 1001 (its calls stay resumable).
+    Silent,
+    /// Sent took nothing of what was written for three heartbeat intervals: it is dead, and the socket
+    /// takes no close frame either; dropped at once.
+    Stalled,
+}
 
 /// How the router runs.
 #[derive(Debug, Clone)]
@@ -52,9 +125,15 @@ struct Dialing {
 
 struct Conn {
     max_sessions: usize,
+    /// One heartbeat interval (at least a second), from `connection.ready`.
+    interval: Duration,
+    /// What the connection was last seen to do ([`Activity`]): from its events and the shell's reports.
+    heard: Instant,
+    written: Instant,
     draining: bool,
-    /// Sent refused a resume here with `connection_full`; no resume goes here until a call leaves.
-    full: bool,
+    /// Sent refused a resume here with `connection_full` while it carried this many calls, at this
+    /// moment: no resume goes here until one of them leaves, or [`FULL_FOR`] has passed.
+    full: Option<(usize, Instant)>,
     /// Closed by the router, waiting for its end.
     closing: bool,
     extra: bool,
@@ -64,13 +143,36 @@ struct Conn {
     /// Calls live on the connection or moving to it; the streams of the live ones.
     calls: BTreeSet<CallKey>,
     streams: HashMap<u16, CallKey>,
+    /// Calls moving off this (drained, still open) connection: Sent carries them here until it reads
+    /// their resume elsewhere, so it must not be closed under them.
+    attached: BTreeSet<CallKey>,
     empty_since: Option<Instant>,
 }
 
 impl Conn {
     /// Whether a call may be carried here.
-    fn takes_calls(&self) -> bool {
-        !self.draining && !self.full && !self.closing && self.calls.len() < self.max_sessions
+    fn takes_calls(&self, now: Instant) -> bool {
+        let full = self
+            .full
+            .is_some_and(|(calls, at)| self.calls.len() >= calls && now < at + FULL_FOR);
+        !self.draining && !full && !self.closing && self.calls.len() < self.max_sessions
+    }
+
+    /// How long Sent may be silent, or take nothing, before the connection is dead.
+    fn silence(&self) -> Duration {
+        self.interval
+            .saturating_mul(SILENT_INTERVALS)
+            .min(MAX_SILENCE)
+    }
+
+    /// When the connection is dead unless more is heard, or written, by then.
+    fn dead_at(&self) -> Instant {
+        self.heard.min(self.written) + self.silence()
+    }
+
+    /// Whether nothing holds it open: no call on it, none moving off it.
+    fn is_empty(&self) -> bool {
+        self.calls.is_empty() && self.attached.is_empty()
     }
 }
 
@@ -83,14 +185,17 @@ pub struct Router {
     calls: BTreeMap<CallKey, Call>,
     /// Session id → call: the one place a session id is looked up.
     sessions: HashMap<String, CallKey>,
-    /// Session ids of calls forgotten lately, oldest first.
+    /// Session ids of calls forgotten lately, oldest first, and how many tool calls each had issued (a
+    /// late `session.resumed` for one is hung up with the next).
     recent: VecDeque<(Instant, String)>,
-    recent_ids: HashSet<String>,
+    recent_ids: HashMap<String, u64>,
     /// When each call next has something due, for [`Router::deadline`].
     deadlines: BTreeSet<(Instant, CallKey)>,
     next_conn: ConnId,
     next_key: u64,
-    /// The outputs waiting to be polled, and the counts.
+    /// The outputs waiting to be polled.
+    out: VecDeque<Output>,
+    /// What the call being run leaves (its outputs go on to `out` at once), and the counts.
     fx: Effects,
     /// The latest moment an input carried: the router reads no clock of its own.
     now: Instant,
@@ -113,10 +218,11 @@ impl Router {
             calls: BTreeMap::new(),
             sessions: HashMap::new(),
             recent: VecDeque::new(),
-            recent_ids: HashSet::new(),
+            recent_ids: HashMap::new(),
             deadlines: BTreeSet::new(),
             next_conn: 1,
             next_key: 1,
+            out: VecDeque::new(),
             fx: Effects::default(),
             now,
             rng: fastrand::Rng::with_seed(seed),
@@ -125,7 +231,8 @@ impl Router {
     }
 
     /// Dials the connections asked for.
-    pub fn start(&mut self) {
+    pub fn start(&mut self, now: Instant) {
+        self.now = self.now.max(now);
         while self.held() < self.config.connections {
             self.dial(0, false, true);
         }
@@ -147,21 +254,29 @@ impl Router {
 
     /// The next thing to do, in order.
     pub fn poll_output(&mut self) -> Option<Output> {
-        self.fx.out.pop_front()
+        self.out.pop_front()
     }
 
-    /// The earliest moment something is due ([`Router::timeout`] then).
-    pub fn deadline(&self) -> Option<Instant> {
+    /// The earliest moment something is due: [`Router::handle_timeout`] then, after the shell has reported
+    /// each connection's [`Activity`].
+    pub fn poll_timeout(&self) -> Option<Instant> {
         let calls = self.deadlines.first().map(|(at, _)| *at);
-        // Only connections that may be retired; a connection asked for stays, empty or not.
-        let idle = self
-            .conns
-            .values()
-            .filter(|c| (c.extra || c.draining) && !c.closing)
+        let open = self.conns.values().filter(|c| !c.closing);
+        // A connection asked for stays, empty or not; only the others are retired.
+        let idle = open
+            .clone()
+            .filter(|c| c.extra || c.draining)
             .filter_map(|c| c.empty_since)
             .min()
             .map(|since| since + IDLE_RETIRE);
-        [calls, idle].into_iter().flatten().min()
+        let dead = open.clone().map(Conn::dead_at).min();
+        // A full connection takes resumes again after a while: the homeless look again then.
+        let unfull = open
+            .filter_map(|c| c.full)
+            .map(|(_, at)| at + FULL_FOR)
+            .filter(|_| self.homeless())
+            .min();
+        [calls, idle, dead, unfull].into_iter().flatten().min()
     }
 
     /// Connections open and ready, draining ones included.
@@ -193,32 +308,39 @@ impl Router {
     // ----- the connections' events -----
 
     /// Connection `conn` is open and Sent sent `connection.ready` on it.
-    pub fn opened(&mut self, conn: ConnId, ready: &ConnectionReady, now: Instant) {
+    pub fn handle_opened(&mut self, now: Instant, conn: ConnId, ready: &ConnectionReady) {
         self.now = self.now.max(now);
         let Some(dialing) = self.dialing.remove(&conn) else {
             // Not asked for (any more): closed at once.
-            self.fx.out.push_back(Output::Close { conn });
+            self.close(conn, Closing::Unneeded);
             return;
         };
         if self.stopped {
-            self.fx.out.push_back(Output::Close { conn });
+            self.close(conn, Closing::Unneeded);
             return;
         }
         self.fx.stats.connections_opened += 1;
+        let interval = u64::try_from(ready.heartbeat_interval_ms)
+            .unwrap_or(1000)
+            .max(1000);
         self.conns.insert(
             conn,
             Conn {
                 max_sessions: usize::try_from(ready.max_sessions)
                     .unwrap_or(1)
                     .clamp(1, 100_000),
+                interval: Duration::from_millis(interval),
+                heard: now,
+                written: now,
                 draining: false,
-                full: false,
+                full: None,
                 closing: false,
                 extra: dialing.extra,
                 pinged: false,
                 attempt: dialing.attempt,
                 calls: BTreeSet::new(),
                 streams: HashMap::new(),
+                attached: BTreeSet::new(),
                 empty_since: Some(now),
             },
         );
@@ -226,7 +348,7 @@ impl Router {
     }
 
     /// Dialling `conn` failed, for a reason worth retrying.
-    pub fn dial_failed(&mut self, conn: ConnId, now: Instant) {
+    pub fn handle_dial_failed(&mut self, now: Instant, conn: ConnId) {
         self.now = self.now.max(now);
         let Some(dialing) = self.dialing.remove(&conn) else {
             return;
@@ -244,26 +366,29 @@ impl Router {
 
     /// A `ping` on `conn`: the pong is owed at once, and the connection has proved itself good.
     /// [scenario: ready_ping_pong]
-    pub fn ping(&mut self, conn: ConnId, ts: i64) {
+    pub fn handle_ping(&mut self, now: Instant, conn: ConnId, ts: i64) {
+        self.now = self.now.max(now);
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
+        c.heard = c.heard.max(now);
         // [scenario: flapping_connection_backs_off] Only a ping on a ready connection starts its backoff
         // over.
         c.pinged = true;
         c.attempt = 0;
-        self.fx.out.push_back(Output::Pong {
+        self.out.push_back(Output::Pong {
             conn,
             text: wire::pong(ts),
         });
     }
 
     /// A frame from Sent on `conn` (read by the intake: valid, and of Sent's).
-    pub fn frame(&mut self, conn: ConnId, frame: Frame, now: Instant) {
+    pub fn handle_frame(&mut self, now: Instant, conn: ConnId, frame: Frame) {
         self.now = self.now.max(now);
-        if !self.conns.contains_key(&conn) {
+        let Some(c) = self.conns.get_mut(&conn) else {
             return;
-        }
+        };
+        c.heard = c.heard.max(now);
         match frame {
             Frame::ConnectionReady(_) => {
                 tracing::debug!(conn, "a second connection.ready: ignored");
@@ -293,27 +418,43 @@ impl Router {
 
     /// Caller audio on `conn`, by its stream number on that connection.
     /// [scenario: concurrent_sessions_isolated]
-    pub fn audio(&mut self, conn: ConnId, stream: u16, samples: Bytes) {
-        let Some(key) = self
-            .conns
-            .get(&conn)
-            .and_then(|c| c.streams.get(&stream))
-            .copied()
-        else {
+    pub fn handle_audio(&mut self, now: Instant, conn: ConnId, stream: u16, samples: Bytes) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        // Audio runs fifty messages a second per call: the clock moves by the timers, not by these.
+        c.heard = c.heard.max(now);
+        let Some(key) = c.streams.get(&stream).copied() else {
             return;
         };
         self.with_call(key, |call, fx| call.audio(samples, fx));
     }
 
+    /// What the shell saw of `conn`'s reader and writer (reported before each
+    /// [`Router::handle_timeout`], and before a guest's frame).
+    pub fn handle_activity(&mut self, now: Instant, conn: ConnId, activity: Activity) {
+        self.now = self.now.max(now);
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.heard = c.heard.max(activity.heard);
+            c.written = c.written.max(activity.written);
+        }
+    }
+
+    /// `conn`'s writer has written `frames` of call `key`'s counted frames there, in all.
+    pub fn handle_written(&mut self, now: Instant, conn: ConnId, key: CallKey, frames: u64) {
+        self.now = self.now.max(now);
+        self.with_call(key, |call, _| call.written(conn, frames));
+    }
+
     /// Connection `conn` has ended: its calls wait for another one (or are lost), and it is replaced.
-    pub fn closed(&mut self, conn: ConnId, now: Instant) {
+    pub fn handle_closed(&mut self, now: Instant, conn: ConnId) {
         self.now = self.now.max(now);
         let Some(c) = self.conns.remove(&conn) else {
             // A dial that never opened.
-            self.dial_failed(conn, now);
+            self.handle_dial_failed(now, conn);
             return;
         };
-        for key in &c.calls {
+        for key in c.calls.iter().chain(&c.attached) {
             self.with_call(*key, |call, fx| call.connection_lost(conn, now, fx));
         }
         // [scenario: close_right_after_ready_keeps_dialling] A connection that dies is replaced, with a
@@ -325,8 +466,8 @@ impl Router {
         self.place(now);
     }
 
-    /// What is due at `now`: calls' deadlines, and connections nobody needs.
-    pub fn timeout(&mut self, now: Instant) {
+    /// What is due at `now`: calls' deadlines, dead connections, connections nobody needs.
+    pub fn handle_timeout(&mut self, now: Instant) {
         self.now = self.now.max(now);
         while let Some(&(at, key)) = self.deadlines.first() {
             if at > now {
@@ -334,13 +475,19 @@ impl Router {
             }
             self.with_call(key, |call, fx| call.timeout(now, fx));
         }
+        self.bury(now);
         self.retire(now);
+        // A refusal's `connection_full` is believed only for a while.
+        for c in self.conns.values_mut() {
+            c.full = c.full.filter(|(_, at)| now < *at + FULL_FOR);
+        }
         self.place(now);
     }
 
     /// Every connection closes with 1000 (Sent sends the calls to their fallback at once) and every call
     /// is lost.
-    pub fn stop(&mut self) {
+    pub fn stop(&mut self, now: Instant) {
+        self.now = self.now.max(now);
         self.stopped = true;
         self.dialing.clear();
         let keys: Vec<CallKey> = self.calls.keys().copied().collect();
@@ -352,7 +499,10 @@ impl Router {
         }
         for (conn, c) in std::mem::take(&mut self.conns) {
             if !c.closing {
-                self.fx.out.push_back(Output::Close { conn });
+                self.out.push_back(Output::Close {
+                    conn,
+                    why: Closing::Unneeded,
+                });
             }
         }
     }
@@ -361,52 +511,52 @@ impl Router {
 
     /// The next event for call `key`'s guest, in arrival order; `None` when none waits or the call is
     /// forgotten.
-    pub fn next_event(&mut self, key: CallKey) -> Option<GuestEvent> {
+    pub fn poll_event(&mut self, key: CallKey) -> Option<GuestEvent> {
         self.with_call(key, |call, _| call.next_event()).flatten()
     }
 
-    /// A counted frame of the guest's. `unwritten` says how many of a call's frames wait in a connection's
-    /// queue.
-    pub fn send(
+    /// A counted frame of the guest's (`agent.say`, `agent.clear`), encoded by the codec. The shell
+    /// reports the call's connection ([`Router::handle_activity`], [`Router::handle_written`]) first.
+    pub fn handle_send(
         &mut self,
+        now: Instant,
         key: CallKey,
         frame: &Frame,
         text: String,
-        unwritten: impl Fn(ConnId, CallKey) -> usize,
-    ) -> Result<(), Refused> {
-        let queued = self.conn_of(key).map_or(0, |conn| unwritten(conn, key));
-        self.with_call(key, |call, fx| call.send(frame, text, queued, fx))
-            .unwrap_or(Err(Refused::Ended))
+    ) -> Result<(), NotNow> {
+        self.now = self.now.max(now);
+        let reading = self.reading_until(key, now);
+        self.with_call(key, |call, fx| call.send(frame, text, reading, fx))
+            .unwrap_or(Err(NotNow::Refused(Refused::Ended)))
     }
 
-    /// The guest's tool call: the `call_ref` its answer will carry.
-    pub fn tool(
+    /// The guest's tool call, its arguments as JSON text: the `call_ref` its answer will carry.
+    pub fn handle_tool(
         &mut self,
+        now: Instant,
         key: CallKey,
         name: String,
-        arguments: Option<Map<String, Value>>,
-        unwritten: impl Fn(ConnId, CallKey) -> usize,
-        now: Instant,
-    ) -> Result<String, Refused> {
+        arguments: Option<&str>,
+    ) -> Result<String, NotNow> {
         self.now = self.now.max(now);
-        let queued = self.conn_of(key).map_or(0, |conn| unwritten(conn, key));
-        self.with_call(key, |call, fx| call.tool(name, arguments, queued, now, fx))
-            .unwrap_or(Err(Refused::Ended))
+        let reading = self.reading_until(key, now);
+        self.with_call(key, |call, fx| call.tool(name, arguments, reading, now, fx))
+            .unwrap_or(Err(NotNow::Refused(Refused::Ended)))
     }
 
     /// The guest's audio for call `key` (16-bit little-endian samples), sent as [`Call::send_audio`] says.
-    pub fn send_audio(&mut self, key: CallKey, samples: &[u8]) {
+    pub fn handle_send_audio(&mut self, key: CallKey, samples: &[u8]) {
         self.with_call(key, |call, fx| call.send_audio(samples, fx));
     }
 
     /// The agent cannot serve the call: its failure policy.
-    pub fn give_up(&mut self, key: CallKey, now: Instant) {
+    pub fn handle_give_up(&mut self, now: Instant, key: CallKey) {
         self.now = self.now.max(now);
         self.with_call(key, |call, fx| call.give_up(now, fx));
     }
 
     /// The call's task has stopped: the call is forgotten once it is finished.
-    pub fn release(&mut self, key: CallKey) {
+    pub fn handle_release(&mut self, key: CallKey) {
         self.with_call(key, |call, _| call.release());
     }
 
@@ -424,7 +574,9 @@ impl Router {
 
     /// Whether a call waits with no connection to go to.
     fn homeless(&self) -> bool {
-        self.calls.values().any(|c| c.place() == Place::Detached)
+        self.calls
+            .values()
+            .any(|c| matches!(c.place(), Place::Detached { .. }))
     }
 
     /// Dials a connection: at once, or after the backoff of `attempt`.
@@ -447,7 +599,7 @@ impl Router {
             extra,
             "connecting"
         );
-        self.fx.out.push_back(Output::Dial { conn, delay });
+        self.out.push_back(Output::Dial { conn, delay });
     }
 
     /// The live call of `session_id` on `conn`, if it is live there.
@@ -467,7 +619,7 @@ impl Router {
         // [scenario: duplicate_session_start_ignored] A session id already here is not a new call.
         self.forget_old(RECENT_SESSIONS);
         if self.sessions.contains_key(&start.session_id)
-            || self.recent_ids.contains(&start.session_id)
+            || self.recent_ids.contains_key(&start.session_id)
         {
             tracing::warn!(
                 conn,
@@ -513,20 +665,28 @@ impl Router {
         self.sessions.insert(start.session_id.clone(), key);
         self.calls.insert(key, call);
         self.reindex(key, Place::Done, place, None, None);
-        self.fx.out.push_back(Output::Spawn {
+        self.out.push_back(Output::Spawn {
             key,
             start: Box::new(start),
         });
-        self.fx.out.push_back(Output::Wake { key });
+        self.out.push_back(Output::Call(call::Output::Wake { key }));
     }
 
     fn resumed(&mut self, conn: ConnId, resumed: SessionResumed, now: Instant) {
-        let Some(&key) = self.sessions.get(&resumed.session_id) else {
+        let key = self.sessions.get(&resumed.session_id).copied();
+        let call = key.and_then(|key| self.calls.get(&key));
+        let Some(key) = key.filter(|_| call.map(Call::place).is_some_and(|p| p.moving_to(conn)))
+        else {
+            // [scenario: late_resumed_is_not_left_silent] Sent carries a call here that no call of ours waits
+            // for: one given up after an unanswered resume, or one never asked for. Nobody would serve it:
+            // it is hung up.
+            let tools = match call {
+                Some(call) => Some(call.tools_issued()),
+                None => self.recent_ids.get(&resumed.session_id).copied(),
+            };
+            self.hang_up_stray(conn, &resumed.session_id, tools.unwrap_or(0));
             return;
         };
-        if self.calls.get(&key).map(Call::place) != Some(Place::Moving { conn }) {
-            return;
-        }
         let stream_free = match resumed.audio.as_ref().map(|a| a.stream) {
             Some(stream) => u16::try_from(stream).is_ok_and(|s| {
                 self.conns
@@ -546,6 +706,33 @@ impl Router {
         self.with_call(key, |call, fx| {
             call.resumed(conn, &resumed, |_| stream_free, now, fx)
         });
+        // [scenario: resumed_on_a_draining_connection_moves_on] The connection may have begun draining
+        // while the resume was out: the call moves on from it at once.
+        self.place(now);
+    }
+
+    /// A `hangup` tool call for a session Sent carries on `conn` that no call serves, numbered after the
+    /// `tools` it had issued (not kept, not answered: the session is nobody's).
+    fn hang_up_stray(&mut self, conn: ConnId, session_id: &str, tools: u64) {
+        tracing::warn!(
+            conn,
+            session = session_id,
+            "Sent resumed a session no call waits for: hanging it up"
+        );
+        let hangup = Frame::ToolCall(ToolCall {
+            session_id: session_id.to_string(),
+            call_ref: format!("t{}", tools.saturating_add(1)),
+            name: "hangup".into(),
+            arguments: None,
+        });
+        if let Ok(text) = wire::frames::encode_to_string(&hangup) {
+            self.out.push_back(Output::Call(call::Output::Frame {
+                conn,
+                key: STRAY,
+                text,
+                counted: false,
+            }));
+        }
     }
 
     fn error(&mut self, conn: ConnId, error: ErrorFrame, now: Instant) {
@@ -570,7 +757,7 @@ impl Router {
             .unwrap_or(false);
         if full {
             if let Some(c) = self.conns.get_mut(&conn) {
-                c.full = true;
+                c.full = Some((c.calls.len(), now));
             }
             self.place(now);
         }
@@ -586,7 +773,7 @@ impl Router {
             return;
         }
         c.draining = true;
-        if c.calls.is_empty() {
+        if c.is_empty() {
             c.empty_since = Some(now);
         }
         let attempt = c.attempt;
@@ -606,7 +793,7 @@ impl Router {
         let mut waiting: Vec<CallKey> = self
             .calls
             .values()
-            .filter(|c| c.place() == Place::Detached)
+            .filter(|c| matches!(c.place(), Place::Detached { .. }))
             .map(Call::key)
             .collect();
         let draining: Vec<CallKey> = self
@@ -627,7 +814,7 @@ impl Router {
             let target = self
                 .conns
                 .iter()
-                .filter(|(_, c)| c.takes_calls())
+                .filter(|(_, c)| c.takes_calls(now))
                 .min_by_key(|(id, c)| (c.calls.len(), **id))
                 .map(|(id, _)| *id);
             match target {
@@ -638,7 +825,7 @@ impl Router {
                     homeless |= self
                         .calls
                         .get(&key)
-                        .is_some_and(|c| c.place() == Place::Detached);
+                        .is_some_and(|c| matches!(c.place(), Place::Detached { .. }));
                 }
             }
         }
@@ -681,15 +868,18 @@ impl Router {
                 tracing::info!(conn, "closing a connection nobody needs");
                 c.closing = true;
                 c.empty_since = None;
-                self.fx.out.push_back(Output::Close { conn });
+                self.out.push_back(Output::Close {
+                    conn,
+                    why: Closing::Unneeded,
+                });
             }
         }
     }
 
-    /// Keeps a finished call's session id for a while, within bounds.
-    fn remember(&mut self, session_id: String) {
+    /// Keeps a finished call's session id for a while, within bounds, with the tool calls it issued.
+    fn remember(&mut self, session_id: String, tools: u64) {
         self.forget_old(RECENT_SESSIONS - 1);
-        if self.recent_ids.insert(session_id.clone()) {
+        if self.recent_ids.insert(session_id.clone(), tools).is_none() {
             self.recent.push_back((self.now, session_id));
         }
     }
@@ -707,6 +897,57 @@ impl Router {
         }
     }
 
+    /// Closes `conn` for this reason, once.
+    fn close(&mut self, conn: ConnId, why: Closing) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if c.closing {
+                return;
+            }
+            c.closing = true;
+            c.empty_since = None;
+        }
+        self.out.push_back(Output::Close { conn, why });
+    }
+
+    /// Closes the connections that are dead: Sent sent nothing on one for three heartbeat intervals
+    /// (its pings alone come every interval), or took nothing of what waits to be written there.
+    fn bury(&mut self, now: Instant) {
+        let dead: Vec<(ConnId, Closing)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.closing && c.dead_at() <= now)
+            .map(|(id, c)| {
+                let silent = c.heard + c.silence() <= now;
+                (
+                    *id,
+                    if silent {
+                        Closing::Silent
+                    } else {
+                        Closing::Stalled
+                    },
+                )
+            })
+            .collect();
+        for (conn, why) in dead {
+            tracing::warn!(conn, ?why, "the connection is dead: closing it");
+            let (draining, attempt) = self.conns.get(&conn).map_or((true, 0), |c| {
+                (c.draining, if c.pinged { 0 } else { c.attempt + 1 })
+            });
+            self.close(conn, why);
+            // Replaced at once, as a connection that dropped is, without waiting for its close.
+            if !self.stopped && !draining && self.held() < self.config.connections {
+                self.dial(attempt, false, false);
+            }
+        }
+    }
+
+    /// Until when Sent counts as reading the connection call `key` is live on: a heartbeat interval after
+    /// its writer last made progress (see [`Call::send`]); `None` when that has passed.
+    fn reading_until(&self, key: CallKey, now: Instant) -> Option<Instant> {
+        let c = self.conns.get(&self.conn_of(key)?)?;
+        Some(c.written + c.interval).filter(|until| *until > now)
+    }
+
     /// Runs `f` on a call and keeps the index (sessions and streams per connection, deadlines) in step
     /// with where the call is afterwards; forgets the call once it is finished and its guest knows.
     fn with_call<R>(
@@ -717,6 +958,7 @@ impl Router {
         let call = self.calls.get_mut(&key)?;
         let (place, deadline) = (call.place(), call.deadline());
         let result = f(call, &mut self.fx);
+        self.out.extend(self.fx.out.drain(..).map(Output::Call));
         let (after, next) = (call.place(), call.deadline());
         let forget = call.forgettable();
         self.reindex(key, place, after, deadline, next);
@@ -725,7 +967,7 @@ impl Router {
                 if self.sessions.get(call.session_id()) == Some(&key) {
                     self.sessions.remove(call.session_id());
                 }
-                self.remember(call.session_id().to_string());
+                self.remember(call.session_id().to_string(), call.tools_issued());
             }
             if let Some(next) = next {
                 self.deadlines.remove(&(next, key));
@@ -754,11 +996,6 @@ impl Router {
             return;
         }
         let now = self.now;
-        let now_empty = |c: &mut Conn| {
-            if c.calls.is_empty() && c.empty_since.is_none() {
-                c.empty_since = Some(now);
-            }
-        };
         match before {
             Place::Live { conn, stream } => {
                 if let Some(c) = self.conns.get_mut(&conn) {
@@ -768,36 +1005,60 @@ impl Router {
                             c.streams.remove(&stream);
                         }
                     }
-                    c.full = false;
-                    now_empty(c);
                 }
             }
-            Place::Moving { conn } => {
+            Place::Moving { conn, .. } => {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.calls.remove(&key);
-                    c.full = false;
-                    now_empty(c);
                 }
             }
-            Place::Detached | Place::Done => {}
+            Place::Detached { .. } | Place::Done => {}
+        }
+        if let Some(conn) = before.attached() {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.attached.remove(&key);
+            }
         }
         match after {
             Place::Live { conn, stream } => {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.calls.insert(key);
-                    c.empty_since = None;
                     if let Some(stream) = stream {
                         c.streams.insert(stream, key);
                     }
                 }
             }
-            Place::Moving { conn } => {
+            Place::Moving { conn, .. } => {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.calls.insert(key);
-                    c.empty_since = None;
                 }
             }
-            Place::Detached | Place::Done => {}
+            Place::Detached { .. } | Place::Done => {}
+        }
+        if let Some(conn) = after.attached() {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.attached.insert(key);
+            }
+        }
+        for conn in [
+            before.conn(),
+            before.attached(),
+            after.conn(),
+            after.attached(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                if !c.is_empty() {
+                    c.empty_since = None;
+                } else if c.empty_since.is_none() && !c.closing {
+                    c.empty_since = Some(now);
+                }
+            }
         }
     }
 }
+
+/// The key stray frames go out under (no call has it: keys start at 1).
+const STRAY: CallKey = CallKey(0);

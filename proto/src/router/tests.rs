@@ -20,12 +20,7 @@ fn ready(max_sessions: i64) -> ConnectionReady {
 
 fn start(id: &str, stream: Option<i64>) -> Frame {
     let token = format!("vsr_{id}0123456789abcdefghijklmnop");
-    Frame::SessionStart(crate::call::fixtures::session_start(
-        id,
-        stream,
-        Some(token),
-        5000,
-    ))
+    Frame::SessionStart(call::fixtures::session_start(id, stream, Some(token), 5000))
 }
 
 /// Sent refusing a resume of `id` because the connection is full.
@@ -74,7 +69,7 @@ impl Test {
             policy: FailurePolicy::HangUp,
         };
         let mut router = Router::new(config, 7, now);
-        router.start();
+        router.start(now);
         Test { router, now }
     }
 
@@ -98,8 +93,8 @@ impl Test {
         self.outputs()
             .into_iter()
             .filter_map(|o| match o {
-                Output::Frame { conn, text, .. } => {
-                    let json: Value = serde_json::from_str(&text).unwrap();
+                Output::Call(call::Output::Frame { conn, text, .. }) => {
+                    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
                     Some((
                         conn,
                         json["type"].as_str().unwrap().to_string(),
@@ -112,21 +107,29 @@ impl Test {
     }
 
     fn open(&mut self, conn: ConnId) {
-        self.router.opened(conn, &ready(10), self.now);
+        self.router.handle_opened(self.now, conn, &ready(10));
     }
 
     fn frame(&mut self, conn: ConnId, frame: Frame) {
-        self.router.frame(conn, frame, self.now);
+        self.router.handle_frame(self.now, conn, frame);
     }
 
+    /// Time passes on healthy connections: Sent heard and reading on each, as the shell reports.
     fn later(&mut self, by: Duration) {
         self.now += by;
-        self.router.timeout(self.now);
+        for conn in 1..=32 {
+            let activity = Activity {
+                heard: self.now,
+                written: self.now,
+            };
+            self.router.handle_activity(self.now, conn, activity);
+        }
+        self.router.handle_timeout(self.now);
     }
 
     fn events(&mut self, id: &str) -> Vec<GuestEvent> {
         let key = self.router.call(id).map(Call::key).unwrap();
-        std::iter::from_fn(|| self.router.next_event(key)).collect()
+        std::iter::from_fn(|| self.router.poll_event(key)).collect()
     }
 
     fn place(&self, id: &str) -> Place {
@@ -206,7 +209,7 @@ fn close_right_after_ready_keeps_dialling() {
         assert_eq!(dials[0].0, conn);
         delays.push(dials[0].1.as_secs_f64());
         t.open(conn);
-        t.router.closed(conn, t.now);
+        t.router.handle_closed(t.now, conn);
     }
     // 0, then about 1, 2, 4, 8, 16, 30, 30 s: never 0 again without a ping.
     assert_eq!(delays[0], 0.0);
@@ -225,24 +228,24 @@ fn flapping_connection_backs_off() {
     let mut t = Test::new(2);
     t.dials();
     t.open(1);
-    t.router.ping(1, 1);
+    t.router.handle_ping(t.now, 1, 1);
     t.open(2);
-    t.router.closed(2, t.now);
+    t.router.handle_closed(t.now, 2);
     let first = t.dials()[0].1;
     t.open(3);
-    t.router.ping(1, 2);
-    t.router.closed(3, t.now);
+    t.router.handle_ping(t.now, 1, 2);
+    t.router.handle_closed(t.now, 3);
     let second = t.dials()[0].1;
     assert!(first >= Duration::from_millis(750), "{first:?}");
     assert!(
         second >= Duration::from_millis(1500),
         "{second:?}: the healthy one's pings do not reset it"
     );
-    // A ping on the flapping one's replacement starts its backoff over.
+    // A ping on the flapping one's replacement starts its backoff over: at once, but for the spread.
     t.open(4);
-    t.router.ping(4, 3);
-    t.router.closed(4, t.now);
-    assert_eq!(t.dials()[0].1, Duration::ZERO);
+    t.router.handle_ping(t.now, 4, 3);
+    t.router.handle_closed(t.now, 4);
+    assert!(t.dials()[0].1 <= backoff::FIRST_SPREAD);
 }
 
 #[test]
@@ -266,10 +269,24 @@ fn drain_moves_sessions() {
     // Frames for it still arriving on the old connection are not read: Sent replays them.
     t.frame(1, said("vs_a", "late"));
     assert_eq!(t.router.call("vs_a").unwrap().counts().0, 0);
+    // Until Sent reads the resume, it carries the call on the drained connection.
+    assert_eq!(
+        t.place("vs_a"),
+        Place::Moving {
+            conn: 2,
+            attached: Some(1)
+        }
+    );
     // A drained connection is not replaced when it closes.
-    t.router.closed(1, t.now);
+    t.router.handle_closed(t.now, 1);
     assert!(t.dials().is_empty());
-    assert_eq!(t.place("vs_a"), Place::Moving { conn: 2 });
+    assert_eq!(
+        t.place("vs_a"),
+        Place::Moving {
+            conn: 2,
+            attached: None
+        }
+    );
 }
 
 #[test]
@@ -280,7 +297,7 @@ fn a_lost_connections_calls_go_to_another_open_one_at_once() {
     t.open(2);
     t.frame(1, start("vs_a", None));
     t.outputs();
-    t.router.closed(1, t.now);
+    t.router.handle_closed(t.now, 1);
     let written = t.written();
     assert_eq!(written, [(2, "session.resume".into(), "vs_a".into())]);
 }
@@ -291,12 +308,12 @@ fn connection_full_resumes_elsewhere() {
     t.dials();
     t.open(1);
     t.frame(1, start("vs_a", Some(1)));
-    t.router.closed(1, t.now);
+    t.router.handle_closed(t.now, 1);
     t.dials();
     t.open(2);
     t.outputs();
     t.frame(2, full("vs_a"));
-    assert_eq!(t.place("vs_a"), Place::Detached);
+    assert_eq!(t.place("vs_a"), Place::Detached { attached: None });
     let dials = t.dials();
     assert_eq!(dials, [(3, Duration::ZERO)], "an extra connection for it");
     t.open(3);
@@ -317,7 +334,7 @@ fn extra_connections_retired() {
     t.dials();
     t.open(1);
     t.frame(1, start("vs_a", None));
-    t.router.closed(1, t.now);
+    t.router.handle_closed(t.now, 1);
     t.dials();
     t.open(2);
     t.outputs();
@@ -336,26 +353,98 @@ fn extra_connections_retired() {
     t.later(IDLE_RETIRE);
     assert_eq!(
         t.outputs(),
-        [Output::Close { conn: 3 }],
+        [Output::Close {
+            conn: 3,
+            why: Closing::Unneeded
+        }],
         "the extra one, idle"
     );
     assert_eq!(t.router.ready_connections(), 1);
     // Its end does not bring a replacement.
-    t.router.closed(3, t.now);
+    t.router.handle_closed(t.now, 3);
     assert!(t.dials().is_empty());
 }
 
 #[test]
-fn nothing_is_due_for_a_connection_asked_for_however_long_it_is_empty() {
+fn nothing_but_its_liveness_is_due_for_a_connection_asked_for_however_long_it_is_empty() {
     let mut t = Test::new(1);
     t.dials();
     t.open(1);
     t.later(IDLE_RETIRE * 3);
+    // The one thing due: to look whether Sent is still there, three heartbeat intervals on.
     assert_eq!(
-        t.router.deadline(),
-        None,
+        t.router.poll_timeout(),
+        Some(t.now + Duration::from_secs(3)),
         "the router task would wake for nothing"
     );
+    assert!(t.outputs().is_empty());
+}
+
+#[test]
+fn silent_sent_reconnects() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.frame(1, start("vs_a", None));
+    t.outputs();
+    // Heard up to now, then nothing: dead three intervals on, closed as silent; the call resumes
+    // elsewhere.
+    let heard = t.now;
+    t.now += Duration::from_millis(2999);
+    let report = Activity {
+        heard,
+        written: t.now,
+    };
+    t.router.handle_activity(t.now, 1, report);
+    t.router.handle_timeout(t.now);
+    assert!(t.outputs().is_empty(), "not yet");
+    t.now += Duration::from_millis(1);
+    t.router.handle_activity(t.now, 1, report);
+    t.router.handle_timeout(t.now);
+    let outputs = t.outputs();
+    assert_eq!(
+        outputs[0],
+        Output::Close {
+            conn: 1,
+            why: Closing::Silent
+        }
+    );
+    assert!(
+        matches!(outputs[1], Output::Dial { conn: 2, .. }),
+        "replaced at once: {outputs:?}"
+    );
+}
+
+#[test]
+fn a_connection_whose_writer_makes_no_progress_is_dropped_as_stalled() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    let stuck = t.now;
+    t.now += Duration::from_secs(3);
+    let report = Activity {
+        heard: t.now,
+        written: stuck,
+    };
+    t.router.handle_activity(t.now, 1, report);
+    t.router.handle_timeout(t.now);
+    assert_eq!(
+        t.outputs()[0],
+        Output::Close {
+            conn: 1,
+            why: Closing::Stalled
+        }
+    );
+}
+
+#[test]
+fn a_reader_busy_handing_frames_over_is_not_silence() {
+    // The shell reports `heard` as now while its reader waits to hand a frame to the router: a router
+    // that fell behind does not take Sent for silent.
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.later(Duration::from_secs(10));
     assert!(t.outputs().is_empty());
 }
 
@@ -367,8 +456,10 @@ fn audio_is_routed_by_stream_on_its_connection_only() {
     t.open(2);
     t.frame(1, start("vs_a", Some(1)));
     t.frame(2, start("vs_b", Some(1)));
-    t.router.audio(2, 1, Bytes::from_static(&[1, 0]));
-    t.router.audio(1, 9, Bytes::from_static(&[2, 0]));
+    t.router
+        .handle_audio(t.now, 2, 1, Bytes::from_static(&[1, 0]));
+    t.router
+        .handle_audio(t.now, 1, 9, Bytes::from_static(&[2, 0]));
     assert_eq!(t.events("vs_a"), [GuestEvent::Start]);
     assert_eq!(
         t.events("vs_b"),
@@ -384,7 +475,7 @@ fn a_ping_is_answered_with_its_ts() {
     let mut t = Test::new(1);
     t.dials();
     t.open(1);
-    t.router.ping(1, 42);
+    t.router.handle_ping(t.now, 1, 42);
     assert_eq!(
         t.outputs(),
         [Output::Pong {
@@ -415,11 +506,14 @@ fn stop_closes_every_connection_and_loses_every_call() {
     t.open(1);
     t.frame(1, start("vs_a", None));
     t.outputs();
-    t.router.stop();
+    t.router.stop(t.now);
     let outputs = t.outputs();
-    assert!(outputs.contains(&Output::Close { conn: 1 }));
+    assert!(outputs.contains(&Output::Close {
+        conn: 1,
+        why: Closing::Unneeded
+    }));
     assert_eq!(t.events("vs_a"), [GuestEvent::Start, GuestEvent::Lost]);
     assert_eq!(t.router.stats().connections_open, 0);
-    t.router.closed(1, t.now);
+    t.router.handle_closed(t.now, 1);
     assert!(t.dials().is_empty(), "a stopped router dials nothing");
 }

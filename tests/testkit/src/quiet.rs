@@ -44,12 +44,17 @@ impl GuestImports for Quiet {
         self.call.clone()
     }
 
-    fn say(&self, _: String, _: Option<bool>, _: Option<bool>) -> Result<(), Refused> {
-        Ok(())
+    fn say(
+        &self,
+        _: String,
+        _: Option<bool>,
+        _: Option<bool>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), Refused>> + Send>> {
+        Box::pin(async { Ok(()) })
     }
 
-    fn clear(&self) -> Result<(), Refused> {
-        Ok(())
+    fn clear(&self) -> Pin<Box<dyn Future<Output = Result<(), Refused>> + Send>> {
+        Box::pin(async { Ok(()) })
     }
 
     fn send_audio(&self, _: Vec<i16>) {}

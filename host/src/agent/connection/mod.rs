@@ -1,5 +1,6 @@
-//! One WebSocket to Sent: the handshake and its refusals, `connection.ready`, the dead-silence rule, a
-//! bounded reader and a writer (`protocol.md` §2).
+//! One WebSocket to Sent: the handshake and its refusals, `connection.ready`, a bounded reader and a
+//! writer (`protocol.md` §2). Whether the connection is dead (Sent silent, or taking nothing) is the core's
+//! rule: the reader and the writer record what they did in the [`Outbox`], and the agent reports it.
 //!
 //! [`run`] is the connection's task: it dials (with `TCP_NODELAY`), waits for `connection.ready`, then
 //! reads until the connection ends. Everything it has to say goes to its agent in one bounded FIFO, tagged
@@ -40,15 +41,12 @@ use voicehost_proto::wire::{self, Frame, FromSent, MAX_MESSAGE_BYTES, SUBPROTOCO
 /// How long the upgrade may take, and again how long `connection.ready` may take after it (the SDK's 10 s).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Heartbeat intervals with no incoming message at all after which the connection is dead; and with the
-/// socket taking nothing of what the writer writes.
-pub const SILENT_INTERVALS: u32 = 3;
-
 /// How long a closing connection waits for Sent's side of the close handshake (or for the writer to finish).
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// The longest silence the dead-connection rule waits for, whatever `heartbeat_interval_ms` says.
-const MAX_SILENCE: Duration = Duration::from_secs(24 * 60 * 60);
+/// Messages Sent may send before `connection.ready` that are kept for after it (frames; pings are
+/// answered at once): more, and the connection is not one to keep.
+pub const MAX_EARLY: usize = 64;
 
 /// Events of every connection of one agent, to its router, at most this many waiting: a reader waits (and
 /// so does Sent's socket) rather than queue more.
@@ -239,7 +237,6 @@ pub async fn run(id: ConnId, dial: Dial, delay: Duration, events: Events, stats:
             max_sessions = ready.max_sessions,
             "ready"
         );
-        let silence = silence_for(&ready);
         let outbox = Arc::new(Outbox::default());
         // [scenario: starts_behind_ready_not_dropped] `Opened` goes into the agent's one FIFO before the
         // reader reads anything more: a frame written right behind `connection.ready` arrives after it.
@@ -252,9 +249,8 @@ pub async fn run(id: ConnId, dial: Dial, delay: Duration, events: Events, stats:
         }
         let (sink, source) = socket.split();
         let (done_tx, done) = oneshot::channel();
-        let writer = tokio::spawn(
-            write(sink, outbox.clone(), done_tx, silence).instrument(tracing::Span::current()),
-        );
+        let writer =
+            tokio::spawn(write(sink, outbox.clone(), done_tx).instrument(tracing::Span::current()));
         let mut reader = Reader {
             id,
             source,
@@ -262,7 +258,6 @@ pub async fn run(id: ConnId, dial: Dial, delay: Duration, events: Events, stats:
             events: events.clone(),
             done,
             writer,
-            silence,
             stats,
         };
         let why = AssertUnwindSafe(reader.run(early))
@@ -281,15 +276,6 @@ pub async fn open(dial: &Dial) -> Result<(Socket, ConnectionReady, Vec<Event>), 
     let mut socket = handshake(dial).await?;
     let (ready, early) = await_ready(&mut socket, dial.handshake_timeout).await?;
     Ok((socket, ready, early))
-}
-
-fn silence_for(ready: &ConnectionReady) -> Duration {
-    let interval = u64::try_from(ready.heartbeat_interval_ms)
-        .unwrap_or(1000)
-        .max(1000);
-    Duration::from_millis(interval)
-        .saturating_mul(SILENT_INTERVALS)
-        .min(MAX_SILENCE)
 }
 
 /// The WebSocket limits (scenario `oversized_message_closes_the_connection`): no message or frame past
@@ -381,6 +367,11 @@ async fn await_ready(
         match read(message, None) {
             Read::Event(Event::Frame(frame)) => match *frame {
                 Frame::ConnectionReady(ready) => return Ok((ready, early)),
+                _ if early.len() >= MAX_EARLY => {
+                    return Err(ConnectError::Transient(format!(
+                        "more than {MAX_EARLY} frames before connection.ready"
+                    )))
+                }
                 frame => early.push(Event::Frame(Box::new(frame))),
             },
             Read::Event(Event::Ping(ts)) => {
@@ -388,6 +379,11 @@ async fn await_ready(
                 socket.send(Message::Text(pong.into())).await.map_err(|e| {
                     ConnectError::Transient(format!("lost before connection.ready: {e}"))
                 })?;
+            }
+            Read::Event(_) if early.len() >= MAX_EARLY => {
+                return Err(ConnectError::Transient(format!(
+                    "more than {MAX_EARLY} messages before connection.ready"
+                )))
             }
             Read::Event(event) => early.push(event),
             Read::Closed(code) => {
@@ -453,7 +449,6 @@ struct Reader {
     events: Events,
     done: oneshot::Receiver<WriterEnd>,
     writer: tokio::task::JoinHandle<()>,
-    silence: Duration,
     stats: Arc<Stats>,
 }
 
@@ -473,8 +468,13 @@ impl Reader {
         why
     }
 
+    /// Hands an event to the agent, marked as heard: while it waits for room in the FIFO, the time passes
+    /// as the agent's, not as Sent's silence.
     async fn send(&self, event: Event) -> bool {
-        self.events.send((self.id, event)).await.is_ok()
+        self.outbox.heard(true);
+        let sent = self.events.send((self.id, event)).await.is_ok();
+        self.outbox.heard(false);
+        sent
     }
 
     /// Reads until the connection ends, and says why it ended.
@@ -484,12 +484,11 @@ impl Reader {
                 return self.give_up();
             }
         }
-        let mut last_heard = Instant::now();
         let mut writer_stopped = false;
         // Set once the writer sent a clean close: why, and until when Sent's answer is awaited.
         let mut closing: Option<(String, Instant)> = None;
-        // Armed for the silence deadline, and re-armed only when it fires early (not on every message).
-        let timer = tokio::time::sleep(self.silence);
+        // Armed only while closing, for Sent's side of the close.
+        let timer = tokio::time::sleep(Duration::MAX / 4);
         tokio::pin!(timer);
         loop {
             tokio::select! {
@@ -506,26 +505,10 @@ impl Reader {
                         Err(_) => return "the writer stopped".into(),
                     }
                 }
-                () = &mut timer => {
-                    let now = Instant::now();
-                    let due = match &closing {
-                        Some((_, until)) => *until,
-                        None => last_heard + self.silence,
-                    };
-                    if due > now {
-                        timer.as_mut().reset(due);
-                        continue;
-                    }
+                () = &mut timer, if closing.is_some() => {
                     if let Some((why, _)) = closing {
                         return why;
                     }
-                    // [scenario: silent_sent_reconnects]
-                    self.outbox.close_with(CloseCode::Away, "silent");
-                    warn!(silence = ?self.silence, "no message for 3 heartbeat intervals: closing");
-                    return format!(
-                        "dead: no message for {} ms ({SILENT_INTERVALS} heartbeat intervals)",
-                        self.silence.as_millis()
-                    );
                 }
                 next = self.source.next() => {
                     let message = match next {
@@ -558,7 +541,7 @@ impl Reader {
                         }
                         Some(Ok(message)) => message,
                     };
-                    last_heard = Instant::now();
+                    self.outbox.heard(false);
                     if let Some((why, _)) = &closing {
                         // Closing: only Sent's close matters now.
                         if matches!(message, Message::Close(_)) {
@@ -592,25 +575,41 @@ impl Reader {
 
 // ----- writing -----
 
-/// The writer: pongs first, then what is queued, fed as a batch and flushed once. The socket must take
-/// each batch within `stall` (three heartbeat intervals), or Sent is not reading and the connection is
-/// dead.
+/// The writer: pongs first, then what is queued, fed as a batch and flushed once; what it flushed is
+/// recorded in the outbox (the core's rule on a Sent that takes nothing is judged from it). Aborted, it
+/// stops at once, mid-write: the socket takes nothing.
 async fn write(
     mut sink: SplitSink<Socket, Message>,
     outbox: Arc<Outbox>,
     done: oneshot::Sender<WriterEnd>,
-    stall: Duration,
 ) {
     let end = |why: String, linger: bool| WriterEnd { why, linger };
     let result: Result<(), WriterEnd> = async {
         loop {
             outbox.ready().await;
+            if outbox.is_aborted() {
+                return Err(end(STALLED.into(), false));
+            }
             let batch = outbox.take();
+            let abort = outbox.clone();
+            let aborted = async move {
+                while !abort.is_aborted() {
+                    abort.ready().await;
+                    if !abort.is_aborted() {
+                        // Something else to take: the write in progress takes it next turn.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            };
+            tokio::pin!(aborted);
             for message in batch.messages {
-                match tokio::time::timeout(stall, sink.feed(message)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return Err(end(format!("lost while sending: {e}"), false)),
-                    Err(_) => return Err(end(stalled(stall), false)),
+                tokio::select! {
+                    fed = sink.feed(message) => {
+                        if let Err(e) = fed {
+                            return Err(end(format!("lost while sending: {e}"), false));
+                        }
+                    }
+                    () = &mut aborted => return Err(end(STALLED.into(), false)),
                 }
             }
             if let Some((code, why)) = batch.close {
@@ -626,11 +625,15 @@ async fn write(
                 }
                 return Err(end(why.into(), linger));
             }
-            match tokio::time::timeout(stall, sink.flush()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(end(format!("lost while sending: {e}"), false)),
-                Err(_) => return Err(end(stalled(stall), false)),
+            tokio::select! {
+                flushed = sink.flush() => {
+                    if let Err(e) = flushed {
+                        return Err(end(format!("lost while sending: {e}"), false));
+                    }
+                }
+                () = &mut aborted => return Err(end(STALLED.into(), false)),
             }
+            outbox.flushed();
             if batch.reader_gone {
                 // Flushes a pending reply to Sent's close, or sends a close of our own.
                 let _ = tokio::time::timeout(CLOSE_GRACE, sink.close()).await;
@@ -645,12 +648,8 @@ async fn write(
     }
 }
 
-fn stalled(stall: Duration) -> String {
-    format!(
-        "dead: Sent took nothing written for {} ms ({SILENT_INTERVALS} heartbeat intervals)",
-        stall.as_millis()
-    )
-}
+/// Why a writer that was aborted stopped.
+const STALLED: &str = "dead: Sent took nothing written for 3 heartbeat intervals";
 
 fn percent_encode(value: &str) -> String {
     let mut out = String::with_capacity(value.len());

@@ -1,14 +1,19 @@
 //! What waits to be written on one connection, bounded: pongs (and the close) in a lane of their own that
 //! never waits behind data; frames and audio in one queue, in order, each tagged with its call so that a
 //! call that ended or moved can take back what is still queued; per call, at most a set amount of audio
-//! (the oldest dropped and counted) and a count of frames the call's machine reads before it counts more.
+//! (the oldest dropped and counted). And what the connection's reader and writer have done, for the
+//! core's rules: when Sent was last heard, when the writer last made progress, and how many of each
+//! call's counted frames it has written ([`Outbox::activity`], [`Outbox::frames_written`]).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Bytes, Message};
 use voicehost_proto::call::CallKey;
+use voicehost_proto::router::Activity;
 
 /// Pongs waiting at most: a Sent that pings faster than the socket takes them only needs the newest.
 pub const MAX_PONGS: usize = 8;
@@ -20,7 +25,16 @@ pub const MAX_BATCH_BYTES: usize = 256 << 10;
 struct Item {
     key: CallKey,
     message: Message,
-    audio: bool,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// One of the call's counted frames: the writer's count of them is reported to the core.
+    Counted,
+    /// A frame that is not counted (a `session.resume`).
+    Uncounted,
+    Audio,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -29,11 +43,18 @@ struct Queued {
     audio_bytes: usize,
 }
 
-#[derive(Default)]
 struct State {
     control: VecDeque<Message>,
     data: VecDeque<Item>,
     calls: HashMap<CallKey, Queued>,
+    /// Each call's counted frames written (flushed) in all, while it is on the connection; and those
+    /// taken by the writer and not flushed yet.
+    written: HashMap<CallKey, u64>,
+    in_flight: Vec<CallKey>,
+    /// When the writer last had nothing waiting, or wrote something.
+    progress: Instant,
+    /// Stop at once, without a close frame (the socket takes nothing: Sent stalled).
+    aborted: bool,
     /// A close frame to send, and why (for the reader's log); nothing is taken after it.
     close: Option<(CloseCode, &'static str)>,
     /// The reader has stopped: the writer finishes and stops too.
@@ -43,10 +64,41 @@ struct State {
 }
 
 /// One connection's queue to its writer.
-#[derive(Default)]
 pub struct Outbox {
     state: Mutex<State>,
     wake: Notify,
+    /// The writer made progress (someone waiting for room looks again).
+    written: Notify,
+    /// The reader's last message, in nanoseconds since `born`, and whether it is handing one over now
+    /// (atomics: the reader updates them per message, off the queue's lock).
+    born: Instant,
+    heard: AtomicU64,
+    delivering: AtomicBool,
+}
+
+impl Default for Outbox {
+    fn default() -> Outbox {
+        let now = Instant::now();
+        Outbox {
+            state: Mutex::new(State {
+                control: VecDeque::new(),
+                data: VecDeque::new(),
+                calls: HashMap::new(),
+                written: HashMap::new(),
+                in_flight: Vec::new(),
+                progress: now,
+                aborted: false,
+                close: None,
+                reader_gone: false,
+                writer_gone: false,
+            }),
+            wake: Notify::new(),
+            written: Notify::new(),
+            born: now,
+            heard: AtomicU64::new(0),
+            delivering: AtomicBool::new(false),
+        }
+    }
 }
 
 /// What the writer takes in one turn.
@@ -62,17 +114,25 @@ impl Outbox {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues a frame's text of `key`'s.
-    pub fn frame(&self, key: CallKey, text: String) {
+    /// Queues a frame's text of `key`'s, one of its counted frames or not.
+    pub fn frame(&self, key: CallKey, text: String, counted: bool) {
         let mut state = self.state();
         if state.writer_gone || state.close.is_some() {
             return;
+        }
+        if state.data.is_empty() {
+            // Nothing waited: the writer is up to date until now.
+            state.progress = Instant::now();
         }
         state.calls.entry(key).or_default().frames += 1;
         state.data.push_back(Item {
             key,
             message: Message::Text(text.into()),
-            audio: false,
+            kind: if counted {
+                Kind::Counted
+            } else {
+                Kind::Uncounted
+            },
         });
         drop(state);
         self.wake.notify_one();
@@ -86,11 +146,18 @@ impl Outbox {
         if state.writer_gone || state.close.is_some() {
             return 1;
         }
+        if state.data.is_empty() {
+            state.progress = Instant::now();
+        }
         let mut dropped = 0;
         let mut queued = state.calls.get(&key).copied().unwrap_or_default();
         let samples = samples_of(&message);
         while queued.audio_bytes > 0 && queued.audio_bytes + samples > backlog {
-            let Some(at) = state.data.iter().position(|i| i.key == key && i.audio) else {
+            let Some(at) = state
+                .data
+                .iter()
+                .position(|i| i.key == key && i.kind == Kind::Audio)
+            else {
                 break;
             };
             if let Some(item) = state.data.remove(at) {
@@ -103,7 +170,7 @@ impl Outbox {
         state.data.push_back(Item {
             key,
             message: Message::Binary(message),
-            audio: true,
+            kind: Kind::Audio,
         });
         drop(state);
         self.wake.notify_one();
@@ -124,23 +191,93 @@ impl Outbox {
         self.wake.notify_one();
     }
 
-    /// [scenario: audio_of_an_ended_call_not_written] Takes back whatever of `key`'s is still queued.
+    /// [scenario: audio_of_an_ended_call_not_written] Takes back whatever of `key`'s is still queued: the
+    /// call has left the connection (its count of frames written here goes with it).
     pub fn retract(&self, key: CallKey) {
         let mut state = self.state();
         if state.calls.remove(&key).is_some() {
             state.data.retain(|item| item.key != key);
         }
+        state.written.remove(&key);
     }
 
-    /// How many of `key`'s frames wait to be written.
-    pub fn unwritten_frames(&self, key: CallKey) -> usize {
-        self.state().calls.get(&key).map_or(0, |q| q.frames)
+    /// How many of `key`'s counted frames the writer has written here, in all.
+    pub fn frames_written(&self, key: CallKey) -> u64 {
+        self.state().written.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Every call's count of counted frames written here.
+    pub fn all_frames_written(&self) -> Vec<(CallKey, u64)> {
+        self.state()
+            .written
+            .iter()
+            .map(|(key, n)| (*key, *n))
+            .collect()
+    }
+
+    /// What the reader and the writer have done, as of `now`: Sent heard (now, while the reader is
+    /// handing a message over), and the writer's progress (now, when nothing waits).
+    pub fn activity(&self, now: Instant) -> Activity {
+        let heard = if self.delivering.load(Ordering::Acquire) {
+            now
+        } else {
+            self.born + std::time::Duration::from_nanos(self.heard.load(Ordering::Acquire))
+        };
+        let state = self.state();
+        let idle = state.data.is_empty() && state.control.is_empty() && state.in_flight.is_empty();
+        let written = if idle { now } else { state.progress };
+        Activity { heard, written }
+    }
+
+    /// The reader read a message from Sent: `true` while it hands it over (to the agent's FIFO), `false`
+    /// once it listens again.
+    pub(super) fn heard(&self, delivering: bool) {
+        let since = Instant::now().saturating_duration_since(self.born);
+        self.heard.store(
+            u64::try_from(since.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Release,
+        );
+        self.delivering.store(delivering, Ordering::Release);
+    }
+
+    /// Resolves once the writer writes something (or stops) after this is enabled: enable it before
+    /// looking, so that a write in between is not missed.
+    pub fn wrote(&self) -> tokio::sync::futures::Notified<'_> {
+        self.written.notified()
+    }
+
+    /// The writer flushed what it took: those frames are written.
+    pub(super) fn flushed(&self) {
+        let mut state = self.state();
+        for key in std::mem::take(&mut state.in_flight) {
+            *state.written.entry(key).or_default() += 1;
+        }
+        state.progress = Instant::now();
+        drop(state);
+        self.written.notify_waiters();
+    }
+
+    /// Stops the writer at once, with no close frame: the socket takes nothing.
+    pub fn abort(&self) {
+        self.state().aborted = true;
+        self.wake.notify_one();
+    }
+
+    /// Whether [`Outbox::abort`] was called.
+    pub(super) fn is_aborted(&self) -> bool {
+        self.state().aborted
     }
 
     /// Closes cleanly with 1000 once the pongs before it are written (the queued data is not: the calls
     /// on the connection go to their fallback).
     pub fn close(&self) {
         self.close_with(CloseCode::Normal, "closed by the agent with 1000");
+    }
+
+    /// Closes with 1001 (going away) once the pongs before it are written: the connection's calls stay
+    /// resumable.
+    pub fn close_away(&self, why: &'static str) {
+        self.close_with(CloseCode::Away, why);
     }
 
     pub(super) fn close_with(&self, code: CloseCode, why: &'static str) {
@@ -163,6 +300,10 @@ impl Outbox {
         state.data.clear();
         state.control.clear();
         state.calls.clear();
+        // Taken but never flushed: not written. What was written stays, for the core's last report.
+        state.in_flight.clear();
+        drop(state);
+        self.written.notify_waiters();
     }
 
     /// Whether the writer has stopped.
@@ -190,8 +331,11 @@ impl Outbox {
             };
             let len = len_of(&item.message);
             bytes += len;
+            if item.kind == Kind::Counted {
+                state.in_flight.push(item.key);
+            }
             if let Some(queued) = state.calls.get_mut(&item.key) {
-                if item.audio {
+                if item.kind == Kind::Audio {
                     queued.audio_bytes -= samples_of_message(&item.message);
                 } else {
                     queued.frames -= 1;
@@ -215,6 +359,7 @@ impl Outbox {
                     || !state.data.is_empty()
                     || state.close.is_some()
                     || state.reader_gone
+                    || state.aborted
                 {
                     return;
                 }
@@ -278,7 +423,7 @@ mod tests {
         for _ in 0..10 {
             outbox.audio(CallKey(1), Bytes::from(vec![0; 642]), 1 << 20);
         }
-        outbox.frame(CallKey(2), "say".into());
+        outbox.frame(CallKey(2), "say".into(), true);
         outbox.pong("pong".into());
         let batch = outbox.take();
         let texts = texts(&batch);
@@ -318,14 +463,43 @@ mod tests {
     #[test]
     fn a_retracted_call_leaves_nothing_and_neighbours_keep_theirs() {
         let outbox = Outbox::default();
-        outbox.frame(CallKey(1), "a".into());
+        outbox.frame(CallKey(1), "a".into(), true);
         outbox.audio(CallKey(1), Bytes::from_static(&[0, 1, 2, 3]), 100);
-        outbox.frame(CallKey(2), "b".into());
-        assert_eq!(outbox.unwritten_frames(CallKey(1)), 1);
+        outbox.frame(CallKey(2), "b".into(), true);
         outbox.retract(CallKey(1));
-        assert_eq!(outbox.unwritten_frames(CallKey(1)), 0);
         assert_eq!(texts(&outbox.take()), ["b"]);
-        assert_eq!(outbox.unwritten_frames(CallKey(2)), 0, "taken is written");
+        assert_eq!(
+            outbox.frames_written(CallKey(2)),
+            0,
+            "taken is not written yet"
+        );
+        outbox.flushed();
+        assert_eq!(outbox.frames_written(CallKey(2)), 1, "flushed is");
+        assert_eq!(outbox.frames_written(CallKey(1)), 0);
+    }
+
+    #[test]
+    fn the_writers_progress_and_counts_are_what_it_flushed() {
+        let outbox = Outbox::default();
+        let start = Instant::now();
+        assert!(outbox.activity(start).written >= start, "idle: up to date");
+        outbox.frame(CallKey(1), "a".into(), true);
+        outbox.frame(CallKey(1), "resume".into(), false);
+        let queued = outbox.activity(Instant::now()).written;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(
+            outbox.activity(Instant::now()).written,
+            queued,
+            "waiting: no progress"
+        );
+        outbox.take();
+        outbox.flushed();
+        assert_eq!(
+            outbox.frames_written(CallKey(1)),
+            1,
+            "the uncounted one aside"
+        );
+        assert!(outbox.activity(Instant::now()).written > queued);
     }
 
     #[test]
@@ -342,10 +516,10 @@ mod tests {
     #[test]
     fn the_close_goes_after_the_pongs_and_nothing_follows_it() {
         let outbox = Outbox::default();
-        outbox.frame(CallKey(1), "a".into());
+        outbox.frame(CallKey(1), "a".into(), true);
         outbox.pong("p".into());
         outbox.close();
-        outbox.frame(CallKey(1), "late".into());
+        outbox.frame(CallKey(1), "late".into(), true);
         let batch = outbox.take();
         assert_eq!(texts(&batch), ["p"]);
         assert!(batch.close.is_some());
