@@ -312,6 +312,26 @@ async fn a_server_that_closes_before_connection_ready_is_transient() {
 }
 
 #[tokio::test]
+async fn what_sent_sends_before_connection_ready_is_kept_within_a_bound() {
+    // Frames before connection.ready wait for it; a Sent that sends more than the bound holds is not a
+    // connection to keep (the early frames are not kept without end).
+    let (url, server) = scripted_sent(|mut socket| async move {
+        for _ in 0..=connection::MAX_EARLY {
+            send_text(&mut socket, r#"{"type":"connection.draining"}"#).await;
+        }
+        send_text(&mut socket, READY).await;
+        while let Some(Ok(_)) = socket.next().await {}
+    })
+    .await;
+    let error = open_err(&Dial::new(url, CONFORMANCE_AGENT, CONFORMANCE_KEY)).await;
+    assert!(
+        matches!(&error, ConnectError::Transient(why) if why.contains("before connection.ready")),
+        "{error:?}"
+    );
+    server.await.unwrap();
+}
+
+#[tokio::test]
 async fn a_url_or_key_that_cannot_work_is_invalid_not_transient() {
     let bad_scheme = Dial::new("http://127.0.0.1:1/v1/agents/connect", "a", "k");
     assert!(matches!(

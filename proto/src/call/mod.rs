@@ -514,6 +514,11 @@ impl Call {
         matches!(self.state, State::Ended | State::Lost)
     }
 
+    /// Whether the call was lost (not ended by Sent).
+    pub fn lost(&self) -> bool {
+        self.state == State::Lost
+    }
+
     /// Whether the router may forget the call: it is finished and its guest knows (or is gone).
     pub fn forgettable(&self) -> bool {
         self.finished() && self.guest == Guest::Gone
@@ -1071,6 +1076,20 @@ impl Call {
         }
         self.gave_up = true;
         fx.stats.policies_applied += 1;
+        // The guest's tool calls still waiting end here: its handler hears `ended`, and the policy's own
+        // tool call is the only one of the call's that waits (an `error` refusing a `tool.call` names no
+        // call, so it can only be that one's).
+        for waiting in std::mem::take(&mut self.waiting) {
+            if waiting.owner == Owner::Guest {
+                fx.out.push_back(Output::Answer {
+                    key: self.key,
+                    call_ref: call_ref(waiting.n),
+                    answer: Err(Refused::Ended),
+                });
+            } else {
+                self.waiting.push(waiting);
+            }
+        }
         match self.policy.clone() {
             FailurePolicy::HangUp => self.issue_tool("hangup", None, Owner::HostHangup, now, fx),
             FailurePolicy::Transfer { to } => {

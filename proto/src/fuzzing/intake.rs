@@ -34,8 +34,8 @@ const MAX_RAW_TEXT: usize = 8 << 10;
 pub const MAX_AUDIO_MESSAGE: usize =
     wire::AUDIO_HEADER + 24_000 * 2 * MAX_AUDIO_MS_PER_MESSAGE as usize / 1000;
 
-/// The longest delay before a dial: the backoff's 30 s plus its quarter of jitter.
-const MAX_DIAL_DELAY: Duration = Duration::from_millis(37_500);
+/// The longest delay before a dial: the backoff's cap, jitter included.
+const MAX_DIAL_DELAY: Duration = crate::backoff::MAX_BACKOFF;
 
 /// Checks that can be turned off while a broken rule they catch waits for its fix, so that fuzzing goes on
 /// finding other things meanwhile (see [`Checks::KNOWN_OK`]). The other rules are always checked.

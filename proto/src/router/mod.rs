@@ -675,18 +675,31 @@ impl Router {
     fn resumed(&mut self, conn: ConnId, resumed: SessionResumed, now: Instant) {
         let key = self.sessions.get(&resumed.session_id).copied();
         let call = key.and_then(|key| self.calls.get(&key));
-        let Some(key) = key.filter(|_| call.map(Call::place).is_some_and(|p| p.moving_to(conn)))
-        else {
-            // [scenario: late_resumed_is_not_left_silent] Sent carries a call here that no call of ours waits
-            // for: one given up after an unanswered resume, or one never asked for. Nobody would serve it:
-            // it is hung up.
-            let tools = match call {
-                Some(call) => Some(call.tools_issued()),
-                None => self.recent_ids.get(&resumed.session_id).copied(),
-            };
-            self.hang_up_stray(conn, &resumed.session_id, tools.unwrap_or(0));
-            return;
-        };
+        match call {
+            Some(call) if call.place().moving_to(conn) => {}
+            // A second one, or one for a call that waits elsewhere: Sent's mistake, and the call is ours
+            // still. Ignored.
+            Some(call) if !call.finished() => {
+                tracing::warn!(
+                    conn,
+                    session = resumed.session_id,
+                    "a session.resumed no resume of the call waits for here: ignored"
+                );
+                return;
+            }
+            // [scenario: late_resumed_is_not_left_silent] Sent carries a call here that no call of ours
+            // serves: one given up after an unanswered resume, or one never asked for. Nobody would serve
+            // it: it is hung up.
+            _ => {
+                let tools = match call {
+                    Some(call) => Some(call.tools_issued()),
+                    None => self.recent_ids.get(&resumed.session_id).copied(),
+                };
+                self.hang_up_stray(conn, &resumed.session_id, tools.unwrap_or(0));
+                return;
+            }
+        }
+        let Some(key) = key else { return };
         let stream_free = match resumed.audio.as_ref().map(|a| a.stream) {
             Some(stream) => u16::try_from(stream).is_ok_and(|s| {
                 self.conns

@@ -517,3 +517,43 @@ fn stop_closes_every_connection_and_loses_every_call() {
     t.router.handle_closed(t.now, 1);
     assert!(t.dials().is_empty(), "a stopped router dials nothing");
 }
+
+#[test]
+fn a_connection_full_refusal_is_believed_for_a_while_only() {
+    // Sent refused a resume as full on a connection that, to the router, carries nothing: the flag does
+    // not stick there, and the call is carried to it again once it has expired.
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    let long_window = call::fixtures::session_start(
+        "vs_a",
+        None,
+        Some("vsr_a0123456789abcdefghijklmnop".into()),
+        60_000,
+    );
+    t.frame(1, Frame::SessionStart(long_window));
+    t.outputs();
+    t.router.handle_closed(t.now, 1);
+    t.dials();
+    t.open(2);
+    assert_eq!(t.written(), [(2, "session.resume".into(), "vs_a".into())]);
+    t.frame(
+        2,
+        Frame::ErrorFrame(ErrorFrame {
+            error: ErrorInfo {
+                code: "connection_full".into(),
+                message: "full".into(),
+            },
+            session_id: Some("vs_a".into()),
+            frame_type: Some("session.resume".into()),
+        }),
+    );
+    assert!(
+        t.written().is_empty(),
+        "not again on the connection that said it is full"
+    );
+    t.later(FULL_FOR / 2);
+    assert!(t.written().is_empty());
+    t.later(FULL_FOR);
+    assert_eq!(t.written(), [(2, "session.resume".into(), "vs_a".into())]);
+}
