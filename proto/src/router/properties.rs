@@ -9,7 +9,8 @@
 //! back what is still in it.
 //!
 //! Sent's side varies what a host meets rarely: each connection's `max_sessions` (1 to 10), stream
-//! numbers reused after an end and colliding at a start, a second `session.resumed`, resumes answered
+//! numbers reused after an end and colliding at a start or a resume, a second `session.resumed` and one
+//! for a session Sent never started, resumes answered
 //! late or never, drains of the connection a resume is out on, a writer Sent stops reading for seconds
 //! (the host then closes the connection as stalled), a failure policy that transfers, a guest giving up
 //! with its tool call out, bursts of speech past the bound on unwritten frames.
@@ -44,6 +45,9 @@ use std::collections::BTreeMap;
 
 const WINDOW_MS: i64 = 3000;
 
+/// A session Sent never started, which it resumes by mistake.
+const GHOST: &str = "vs_ghost";
+
 #[derive(Debug, Clone, Copy)]
 enum GuestOp {
     Say,
@@ -64,6 +68,8 @@ enum ResumePlan {
     Failed,
     /// Never answered.
     Ignore,
+    /// Answered with a stream number another call has on that connection (Sent's mistake).
+    CollidingStream,
 }
 
 #[derive(Debug, Clone)]
@@ -129,6 +135,10 @@ enum Action {
     ResumedAgain {
         call: u8,
     },
+    /// Sent's mistake: a `session.resumed` for a session it never started.
+    ResumedGhost {
+        conn: u8,
+    },
     NextResume(ResumePlan),
     Ping {
         conn: u8,
@@ -162,12 +172,14 @@ fn action() -> impl Strategy<Value = Action> {
         1 => small.clone().prop_map(|conn| Action::ReuseStreams { conn }),
         1 => small.clone().prop_map(|conn| Action::CollidingStart { conn }),
         1 => small.clone().prop_map(|call| Action::ResumedAgain { call }),
+        1 => small.clone().prop_map(|conn| Action::ResumedGhost { conn }),
         1 => prop_oneof![
             Just(ResumePlan::Answer),
             Just(ResumePlan::NoStream),
             Just(ResumePlan::Full),
             Just(ResumePlan::Failed),
             Just(ResumePlan::Ignore),
+            Just(ResumePlan::CollidingStream),
         ]
         .prop_map(Action::NextResume),
         1 => small.clone().prop_map(|conn| Action::Ping { conn }),
@@ -713,6 +725,10 @@ impl World {
             return;
         };
         let Some(at) = self.sessions.iter().position(|s| s.id == id) else {
+            if id == GHOST && matches!(&frame, Frame::ToolCall(t) if t.name == "hangup") {
+                // The host hangs up what Sent resumed for nobody.
+                return self.saw("ghost hung up");
+            }
             return self.violation(format!("a frame for {id}, which Sent never started"));
         };
         if let Frame::SessionResume(resume) = frame {
@@ -780,13 +796,21 @@ impl World {
         self.saw("audio heard by Sent");
         let stream = u16::from_be_bytes([message[0], message[1]]);
         let key = u16::from_le_bytes([message[2], message[3]]);
-        let owner = self.sessions.iter().find(|s| {
-            s.state
-                == SState::Attached {
-                    conn,
-                    stream: Some(stream),
-                }
-        });
+        let attached = SState::Attached {
+            conn,
+            stream: Some(stream),
+        };
+        // Two, when Sent resumed a call on a stream another has (its mistake): either may be the writer.
+        let owners: Vec<&SSess> = self
+            .sessions
+            .iter()
+            .filter(|s| s.state == attached)
+            .collect();
+        let owner = owners
+            .iter()
+            .find(|s| self.keys.get(&s.id).map(|k| k.0 as u16) == Some(key))
+            .or(owners.first())
+            .copied();
         let ever = self
             .sessions
             .iter()
@@ -872,8 +896,21 @@ impl World {
             return self.refuse(conn, &id, "resume_failed", "session.resume");
         }
         let ended = sess.ended;
+        let taken = self.sessions.iter().find_map(|s| match s.state {
+            SState::Attached {
+                conn: c,
+                stream: Some(stream),
+            } if c == conn && s.id != id => Some(stream),
+            _ => None,
+        });
+        let sess = &mut self.sessions[at];
         let stream = match (sess.audio && !ended, plan) {
             (true, ResumePlan::NoStream) => None,
+            (true, ResumePlan::CollidingStream) if taken.is_some() => {
+                self.seen.entry("resumed on a taken stream").or_default();
+                *self.seen.entry("resumed on a taken stream").or_default() += 1;
+                taken
+            }
             (true, _) => Some(self.new_stream(conn)),
             (false, _) => None,
         };
@@ -1131,6 +1168,19 @@ impl World {
                     None,
                     WINDOW_MS,
                 ));
+                self.send_to_agent(conn, frame);
+            }
+            Action::ResumedGhost { conn } => {
+                let Some(conn) = self.conn_at(conn) else {
+                    return;
+                };
+                self.saw("resumed a ghost");
+                let frame = Frame::SessionResumed(SessionResumed {
+                    session_id: GHOST.into(),
+                    received: 0,
+                    resume: None,
+                    audio: None,
+                });
                 self.send_to_agent(conn, frame);
             }
             Action::ResumedAgain { call } => {
@@ -1687,6 +1737,7 @@ fn the_model_reaches_every_situation() {
         "colliding start",
         "resumed again",
         "stray hung up",
+        "ghost hung up",
         // (Never "tool refused with another pending": when the failure policy runs, the guest's waiting
         // tool call ends first, so no two wait together; the frames past the bound are in
         // `frames_that_never_left_stay_replayable`.)
