@@ -56,6 +56,9 @@ pub enum Invalid {
     /// A binary message shorter than [`AUDIO_HEADER`]: its length in bytes.
     #[error("a binary message of {0} bytes is too short for a stream number")]
     ShortAudio(usize),
+    /// A binary message with a stream number and not one whole sample: its length in bytes.
+    #[error("a binary message of {0} bytes carries no sample")]
+    NoSamples(usize),
 }
 
 /// What Sent sent, once read.
@@ -84,10 +87,15 @@ pub fn read_text(text: &str) -> Result<FromSent, Invalid> {
 }
 
 /// Reads one binary message from Sent: its stream number and samples (a trailing odd byte is not a sample).
+/// One without a sample carries nothing, and would cost the call an event for nothing: it is refused.
 pub fn read_binary(data: &[u8]) -> Result<(u16, &[u8]), Invalid> {
     let stream = stream_of(data).ok_or(Invalid::ShortAudio(data.len()))?;
     let samples = &data[AUDIO_HEADER..];
-    Ok((stream, &samples[..samples.len() & !1]))
+    let samples = &samples[..samples.len() & !1];
+    if samples.is_empty() {
+        return Err(Invalid::NoSamples(data.len()));
+    }
+    Ok((stream, samples))
 }
 
 /// [scenario: overlong_session_id_dropped]
@@ -215,5 +223,7 @@ mod tests {
     fn audio_is_split_into_its_stream_and_whole_samples() {
         assert_eq!(read_binary(&[0, 7, 1, 2, 3]), Ok((7, &[1u8, 2][..])));
         assert_eq!(read_binary(&[1]), Err(Invalid::ShortAudio(1)));
+        assert_eq!(read_binary(&[0, 7]), Err(Invalid::NoSamples(2)));
+        assert_eq!(read_binary(&[0, 7, 1]), Err(Invalid::NoSamples(3)));
     }
 }

@@ -533,7 +533,7 @@ async fn invalid_text_from_sent_is_dropped_and_the_connection_goes_on() {
 }
 
 #[tokio::test]
-async fn binary_messages_too_short_for_a_stream_number_are_dropped() {
+async fn binary_messages_without_a_sample_are_dropped() {
     let (url, server) = scripted_sent(|mut socket| async move {
         send_text(&mut socket, READY).await;
         for size in [0usize, 1, 2, 3] {
@@ -555,16 +555,8 @@ async fn binary_messages_too_short_for_a_stream_number_are_dropped() {
     .await;
     let mut events = start(3, &Dial::new(url, "a", "k"));
     let (_, outbox) = opened(&mut events).await;
-    // Two bytes are a stream number and no sample; a third, odd byte is not a sample either.
-    for _ in [2, 3] {
-        match next_event(&mut events).await {
-            (3, Event::Audio { stream, samples }) => {
-                assert_eq!(stream, 0x0909);
-                assert!(samples.is_empty());
-            }
-            other => panic!("expected an empty audio message, got {other:?}"),
-        }
-    }
+    // Two bytes are a stream number and no sample; a third, odd byte is not a sample either: nothing of
+    // the four reaches the router, and the ping after them does.
     match next_event(&mut events).await {
         (3, Event::Ping(ts)) => outbox.pong(voicehost_proto::wire::pong(ts)),
         other => panic!("expected the ping, got {other:?}"),

@@ -98,6 +98,7 @@ pressure_tests!(
     wrong_direction_frames_not_counted,
     huge_received_does_not_wrap,
     unknown_tool_result_ignored,
+    repeated_tool_result_reaches_nobody,
     refused_tool_call_answered,
     timed_out_tools_leave_nothing_behind,
     failed_policy_transfer_hangs_up,

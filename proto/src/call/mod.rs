@@ -59,6 +59,14 @@ pub const MAX_TOOL_NAME_BYTES: usize = 64;
 /// many times its text on the host); more is `refused::over-limit`. Sent's tools take a few hundred bytes.
 pub const MAX_TOOL_ARGUMENTS_BYTES: usize = 16 << 10;
 
+/// What the smallest caller-audio message counts against the call's audio backlog, in bytes (a message
+/// is one event, whatever its length): a flood of one-sample messages is bounded in number as well.
+pub const MIN_AUDIO_EVENT_BYTES: usize = 64;
+
+/// Tool calls that timed out whose late answer still reaches the guest, at most (the oldest forgotten
+/// first): one late answer each, and a repeated one reaches nobody.
+pub const MAX_LATE_ANSWERS: usize = 16;
+
 /// What the call carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Media {
@@ -73,15 +81,15 @@ pub enum Media {
 
 impl Media {
     /// What `session.start` says the call carries (an audio call's rate is 16000 Hz when Sent gives none,
-    /// as the official SDK assumes).
+    /// as the official SDK assumes). Its `session_type` decides: a text call's stray `audio` is not audio.
     pub fn of(start: &SessionStart) -> Media {
         match &start.audio {
-            Some(audio) => Media::Audio {
+            Some(audio) if start.session_type == "audio" => Media::Audio {
                 sample_rate: audio
                     .sample_rate
                     .map_or(16000, |r| r.clamp(1, 48_000) as u32),
             },
-            None => Media::Text,
+            _ => Media::Text,
         }
     }
 
@@ -190,6 +198,34 @@ pub struct ToolAnswer {
     pub ok: bool,
     /// (code, message) when `ok` is false.
     pub error: Option<(String, String)>,
+}
+
+impl ToolAnswer {
+    /// What the answer counts against the guest's backlog of Sent's frames, in bytes.
+    fn bytes(&self) -> usize {
+        let error = self
+            .error
+            .as_ref()
+            .map_or(0, |(code, message)| code.len() + message.len());
+        self.call_ref.len() + error
+    }
+}
+
+/// The stream number a `session.start` gives its call on the connection (none for a text call, or one
+/// that does not fit the binary header's 16 bits).
+pub fn stream_of(start: &SessionStart) -> Option<u16> {
+    match Media::of(start) {
+        Media::Audio { .. } => start
+            .audio
+            .as_ref()
+            .and_then(|a| u16::try_from(a.stream).ok()),
+        Media::Text => None,
+    }
+}
+
+/// What a caller-audio event counts against the call's audio backlog, in bytes.
+fn audio_cost(samples: &[u8]) -> usize {
+    samples.len().max(MIN_AUDIO_EVENT_BYTES)
 }
 
 /// One event for the guest, in the order Sent's frames arrived.
@@ -426,6 +462,8 @@ pub struct Call {
     /// The last `call_ref` number issued (`t1`, `t2`, …), and the calls waiting for an answer.
     tools_issued: u64,
     waiting: Vec<Waiting>,
+    /// The guest's tool calls that timed out, unanswered yet: a late answer reaches the guest once.
+    timed_out: VecDeque<u64>,
     events: VecDeque<GuestEvent>,
     audio_queued: usize,
     frames_queued: (usize, usize),
@@ -447,10 +485,7 @@ impl Call {
         fx: &mut Effects,
     ) -> Call {
         let media = Media::of(start);
-        let stream = start
-            .audio
-            .as_ref()
-            .and_then(|a| u16::try_from(a.stream).ok());
+        let stream = stream_of(start);
         fx.stats.sessions_started += 1;
         Call {
             key,
@@ -468,6 +503,7 @@ impl Call {
             written: 0,
             written_base: 0,
             tools_issued: 0,
+            timed_out: VecDeque::new(),
             waiting: Vec::new(),
             events: VecDeque::from([GuestEvent::Start]),
             audio_queued: 0,
@@ -611,11 +647,9 @@ impl Call {
         // Caller audio waiting for a busy guest is bounded by duration: the oldest goes first, counted.
         // Counted frames are never dropped this way. (No scenario: the unit test
         // `caller_audio_backlog_bounded`.)
-        let cap = self
-            .media
-            .bytes_per(self.limits.audio_backlog_ms)
-            .max(samples.len());
-        while self.audio_queued + samples.len() > cap {
+        let cost = audio_cost(&samples);
+        let cap = self.media.bytes_per(self.limits.audio_backlog_ms).max(cost);
+        while self.audio_queued + cost > cap {
             let Some(at) = self
                 .events
                 .iter()
@@ -624,11 +658,11 @@ impl Call {
                 break;
             };
             if let Some(GuestEvent::Audio(dropped)) = self.events.remove(at) {
-                self.audio_queued -= dropped.len();
+                self.audio_queued -= audio_cost(&dropped);
                 fx.stats.audio_dropped += 1;
             }
         }
-        self.audio_queued += samples.len();
+        self.audio_queued += cost;
         self.events.push_back(GuestEvent::Audio(samples));
         fx.out.push_back(Output::Wake { key: self.key });
     }
@@ -873,8 +907,23 @@ impl Call {
         // `timed-out`, and leaves no entry behind.
         while let Some(at) = self.waiting.iter().position(|w| w.deadline <= now) {
             let waiting = self.waiting.remove(at);
+            if waiting.owner == Owner::Guest {
+                if self.timed_out.len() == MAX_LATE_ANSWERS {
+                    self.timed_out.pop_front();
+                }
+                self.timed_out.push_back(waiting.n);
+            }
             self.answer_refused(waiting.owner, waiting.n, Refused::TimedOut, now, fx);
         }
+    }
+
+    /// Whether tool call `n` timed out and is answered only now (the first time).
+    fn answered_late(&mut self, n: u64) -> bool {
+        let Some(at) = self.timed_out.iter().position(|t| *t == n) else {
+            return false;
+        };
+        self.timed_out.remove(at);
+        true
     }
 
     // ----- the guest's side -----
@@ -883,10 +932,10 @@ impl Call {
     pub fn next_event(&mut self) -> Option<GuestEvent> {
         let event = self.events.pop_front()?;
         match &event {
-            GuestEvent::Audio(samples) => self.audio_queued -= samples.len(),
+            GuestEvent::Audio(samples) => self.audio_queued -= audio_cost(samples),
             GuestEvent::UserSaid { text, .. } => self.unqueue_frame(text.len()),
             GuestEvent::Unknown { json, .. } => self.unqueue_frame(json.len()),
-            GuestEvent::ToolResult(_) => self.unqueue_frame(0),
+            GuestEvent::ToolResult(answer) => self.unqueue_frame(answer.bytes()),
             GuestEvent::End { .. } | GuestEvent::Lost => self.guest = Guest::Gone,
             GuestEvent::Start => {}
         }
@@ -1171,9 +1220,14 @@ impl Call {
                 let waiting = self.waiting.remove(at);
                 self.answer(waiting.owner, answer, false, now, fx);
             }
-            // A late answer (the call timed out) still reaches the guest's handler.
+            // [scenario: repeated_tool_result_reaches_nobody] A late answer (the call timed out) still
+            // reaches the guest's handler, once; an answer again to a call answered reaches nobody.
+            None if n.is_some_and(|n| self.answered_late(n)) => {
+                let bytes = answer.bytes();
+                self.deliver(GuestEvent::ToolResult(answer), bytes, now, fx);
+            }
             None if n.is_some_and(|n| n <= self.tools_issued) => {
-                self.deliver(GuestEvent::ToolResult(answer), 0, now, fx);
+                tracing::debug!(session = self.id, "a tool.result again: ignored");
             }
             // [scenario: unknown_tool_result_ignored] An answer to a call never issued reaches nobody.
             None => tracing::debug!(session = self.id, "a tool.result for no call: ignored"),
@@ -1196,7 +1250,8 @@ impl Call {
                     call_ref: answer.call_ref.clone(),
                     answer: Ok(answer.clone()),
                 });
-                self.deliver(GuestEvent::ToolResult(answer), 0, now, fx);
+                let bytes = answer.bytes();
+                self.deliver(GuestEvent::ToolResult(answer), bytes, now, fx);
             }
             // [scenario: failed_policy_transfer_hangs_up] A failed transfer of the failure policy is
             // followed by a hangup.

@@ -346,10 +346,73 @@ fn timed_out_tools_leave_nothing_behind() {
         assert_eq!(answers[0].1, Err(Refused::TimedOut));
     }
     assert!(t.tool("lookup").is_ok(), "no entry was left behind");
-    // A late answer to a timed-out call still reaches the guest's handler, no waiting tool.
-    t.result("t1", true);
+    // A late answer to a timed-out call still reaches the guest's handler, no waiting tool; once.
+    let last = format!("t{}", MAX_WAITING_TOOLS + 4);
+    t.result(&last, true);
     assert!(answers(&t.outputs()).is_empty());
     assert!(matches!(&t.events()[..], [GuestEvent::ToolResult(_)]));
+    t.result(&last, true);
+    assert!(t.events().is_empty(), "an answer again reaches nobody");
+    // The late answers waited for are bounded: the oldest timed-out calls are forgotten.
+    t.result("t1", true);
+    assert!(t.events().is_empty());
+    t.result(
+        &format!("t{}", MAX_WAITING_TOOLS + 4 - MAX_LATE_ANSWERS + 1),
+        true,
+    );
+    assert_eq!(t.events().len(), 1);
+}
+
+#[test]
+fn an_answered_tool_call_answered_again_reaches_nobody() {
+    let mut t = Test::text();
+    t.tool("lookup").unwrap();
+    t.result("t1", false);
+    assert_eq!(answers(&t.outputs()).len(), 1);
+    assert_eq!(t.events().len(), 1);
+    for _ in 0..3 {
+        t.result("t1", false);
+    }
+    assert!(answers(&t.outputs()).is_empty());
+    assert!(t.events().is_empty());
+}
+
+#[test]
+fn tool_results_count_against_the_backlog_in_bytes() {
+    let limits = CallLimits {
+        frame_backlog: 1000,
+        frame_backlog_bytes: 4096,
+        ..CallLimits::default()
+    };
+    let mut t = Test::with(start(None, true), limits, FailurePolicy::HangUp);
+    // A busy guest: Sent's answers pile up unread, each with a long message.
+    for _ in 0..3 {
+        t.tool("lookup").unwrap();
+        let call_ref = format!("t{}", t.call.tools_issued());
+        t.read(Frame::ToolResult(ToolResult {
+            session_id: "vs_1".into(),
+            call_ref,
+            ok: false,
+            error: Some(ErrorInfo {
+                code: "failed".into(),
+                message: "x".repeat(2000),
+            }),
+        }));
+    }
+    assert_eq!(
+        t.fx.stats.policies_applied, 1,
+        "6 KB of answers past a 4 KiB backlog"
+    );
+}
+
+#[test]
+fn tiny_caller_audio_is_bounded_in_number() {
+    let mut t = Test::audio();
+    let cap = 16_000 * 2 * CallLimits::default().audio_backlog_ms as usize / 1000;
+    for _ in 0..10 * cap / MIN_AUDIO_EVENT_BYTES {
+        t.call.audio(Bytes::from_static(&[1, 0]), &mut t.fx);
+    }
+    assert!(t.events().len() <= cap / MIN_AUDIO_EVENT_BYTES);
 }
 
 #[test]
@@ -749,4 +812,15 @@ fn a_call_moving_off_a_live_connection_has_no_window_until_that_connection_goes(
     assert!(!t.call.finished());
     t.later(Duration::from_millis(1));
     assert!(t.call.finished());
+}
+
+#[test]
+fn the_session_type_decides_the_media() {
+    let mut text = start(Some(3), true);
+    text.session_type = "text".into();
+    assert_eq!(Media::of(&text), Media::Text);
+    assert_eq!(stream_of(&text), None, "a text call has no stream");
+    let audio = start(Some(3), true);
+    assert!(matches!(Media::of(&audio), Media::Audio { .. }));
+    assert_eq!(stream_of(&audio), Some(3));
 }

@@ -704,6 +704,7 @@ impl Harness {
                     .handle_audio(self.now, conn, stream, Bytes::copy_from_slice(samples));
             }
             Err(Invalid::ShortAudio(n)) if n < wire::AUDIO_HEADER => {}
+            Err(Invalid::NoSamples(n)) if n < wire::AUDIO_HEADER + 2 => {}
             Err(other) => self.broke(format_args!("audio refused: {other}")),
         }
     }
@@ -1385,7 +1386,8 @@ impl Harness {
                         key,
                         Seen {
                             session_id: start.session_id.clone(),
-                            audio: start.audio.is_some(),
+                            // The session type decides (a text call's stray `audio` is not audio).
+                            audio: start.session_type == "audio" && start.audio.is_some(),
                             guest: GuestState::Serving,
                             took_any: false,
                             terminal: false,

@@ -26,6 +26,10 @@ mod tests;
 /// Connections beyond the ones asked for that `connection_full` may add, at most.
 pub const EXTRA_CONNECTIONS: usize = 8;
 
+/// Calls one router holds at once, at most, whatever Sent's `max_sessions` (calls given up on count until
+/// Sent ends them): a `session.start` past it is hung up at once and never served.
+pub const MAX_CALLS: usize = 65_536;
+
 /// Session ids of finished calls remembered, at most, and for how long: a `session.start` for one of them
 /// is a duplicate, not a new call (Sent never reuses a session id).
 pub const RECENT_SESSIONS: usize = 4096;
@@ -629,19 +633,32 @@ impl Router {
             self.fx.stats.frames_invalid += 1;
             return;
         }
-        let stream = start
-            .audio
-            .as_ref()
-            .and_then(|a| u16::try_from(a.stream).ok());
+        // A call nobody serves is still hung up, so that Sent does not wait on it. (Unit tests
+        // `a_start_past_the_calls_held_is_hung_up`, `a_start_on_a_taken_stream_is_hung_up`.)
+        if self.calls.len() >= MAX_CALLS {
+            tracing::warn!(
+                conn,
+                session = start.session_id,
+                calls = self.calls.len(),
+                "a session.start past the calls one agent holds: hanging it up"
+            );
+            self.fx.stats.frames_invalid += 1;
+            self.hang_up_stray(conn, &start.session_id, 0);
+            self.remember(start.session_id, 1);
+            return;
+        }
+        let stream = call::stream_of(&start);
         if let (Some(stream), Some(c)) = (stream, self.conns.get(&conn)) {
             if c.streams.contains_key(&stream) {
                 tracing::warn!(
                     conn,
                     session = start.session_id,
                     stream,
-                    "a session.start with a stream another call has here: ignored"
+                    "a session.start with a stream another call has here: hanging it up"
                 );
                 self.fx.stats.frames_invalid += 1;
+                self.hang_up_stray(conn, &start.session_id, 0);
+                self.remember(start.session_id, 1);
                 return;
             }
         }
@@ -695,6 +712,11 @@ impl Router {
                     Some(call) => Some(call.tools_issued()),
                     None => self.recent_ids.get(&resumed.session_id).copied(),
                 };
+                tracing::warn!(
+                    conn,
+                    session = resumed.session_id,
+                    "Sent resumed a session no call waits for: hanging it up"
+                );
                 self.hang_up_stray(conn, &resumed.session_id, tools.unwrap_or(0));
                 return;
             }
@@ -727,11 +749,6 @@ impl Router {
     /// A `hangup` tool call for a session Sent carries on `conn` that no call serves, numbered after the
     /// `tools` it had issued (not kept, not answered: the session is nobody's).
     fn hang_up_stray(&mut self, conn: ConnId, session_id: &str, tools: u64) {
-        tracing::warn!(
-            conn,
-            session = session_id,
-            "Sent resumed a session no call waits for: hanging it up"
-        );
         let hangup = Frame::ToolCall(ToolCall {
             session_id: session_id.to_string(),
             call_ref: format!("t{}", tools.saturating_add(1)),
@@ -958,7 +975,8 @@ impl Router {
     /// its writer last made progress (see [`Call::send`]); `None` when that has passed.
     fn reading_until(&self, key: CallKey, now: Instant) -> Option<Instant> {
         let c = self.conns.get(&self.conn_of(key)?)?;
-        Some(c.written + c.interval).filter(|until| *until > now)
+        // Never past the moment the connection counts as stalled (a huge interval is capped there).
+        Some(c.written + c.interval.min(c.silence())).filter(|until| *until > now)
     }
 
     /// Runs `f` on a call and keeps the index (sessions and streams per connection, deadlines) in step

@@ -48,6 +48,9 @@ const WINDOW_MS: i64 = 3000;
 /// A session Sent never started, which it resumes by mistake.
 const GHOST: &str = "vs_ghost";
 
+/// A session Sent starts on a stream another call has on the connection, by mistake.
+const COLLIDES: &str = "vs_collides";
+
 #[derive(Debug, Clone, Copy)]
 enum GuestOp {
     Say,
@@ -729,6 +732,10 @@ impl World {
                 // The host hangs up what Sent resumed for nobody.
                 return self.saw("ghost hung up");
             }
+            if id == COLLIDES && matches!(&frame, Frame::ToolCall(t) if t.name == "hangup") {
+                // And a start it cannot serve.
+                return self.saw("colliding start hung up");
+            }
             return self.violation(format!("a frame for {id}, which Sent never started"));
         };
         if let Frame::SessionResume(resume) = frame {
@@ -1160,10 +1167,10 @@ impl World {
                 let Some(stream) = taken else {
                     return;
                 };
-                // The router ignores it: no guest, nothing served; Sent gives it up at once.
+                // The router hangs it up: no guest, nothing served; Sent gives it up at once.
                 self.saw("colliding start");
                 let frame = Frame::SessionStart(call::fixtures::session_start(
-                    "vs_collides",
+                    COLLIDES,
                     Some(i64::from(stream)),
                     None,
                     WINDOW_MS,

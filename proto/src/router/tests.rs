@@ -190,13 +190,42 @@ fn a_session_start_for_a_call_that_finished_is_a_duplicate_too() {
 }
 
 #[test]
-fn a_stream_another_call_holds_on_the_connection_is_refused() {
+fn a_start_on_a_taken_stream_is_hung_up() {
     let mut t = Test::new(1);
     t.dials();
     t.open(1);
     t.frame(1, start("vs_a", Some(1)));
+    t.outputs();
     t.frame(1, start("vs_b", Some(1)));
+    assert!(t.router.call("vs_b").is_none(), "never served");
+    assert_eq!(t.written(), [(1, "tool.call".into(), "vs_b".into())]);
+    assert!(t.router.call("vs_a").is_some(), "the stream's call goes on");
+    // Remembered: Sent starting it again is a duplicate.
+    t.frame(1, start("vs_b", None));
     assert!(t.router.call("vs_b").is_none());
+}
+
+#[test]
+fn a_start_past_the_calls_held_is_hung_up() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    for n in 0..MAX_CALLS {
+        t.frame(1, start(&format!("vs_{n}"), None));
+        if n % 1024 == 0 {
+            t.outputs();
+        }
+    }
+    t.outputs();
+    assert_eq!(t.router.calls(), MAX_CALLS);
+    t.frame(1, start("vs_over", None));
+    assert_eq!(t.router.calls(), MAX_CALLS, "never served");
+    assert_eq!(t.written(), [(1, "tool.call".into(), "vs_over".into())]);
+    // Room again once a call ends.
+    t.frame(1, end("vs_0"));
+    t.events("vs_0");
+    t.frame(1, start("vs_next", None));
+    assert!(t.router.call("vs_next").is_some());
 }
 
 #[test]

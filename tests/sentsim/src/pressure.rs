@@ -71,6 +71,7 @@ scenarios! {
     wrong_direction_frames_not_counted: "frames only an agent sends (agent.say, tool.call, agent.clear, session.resume, pong) are dropped when Sent sends them, and not counted",
     huge_received_does_not_wrap: "session.resumed with received i64::MAX (Sent's mistake) replays nothing and wraps nothing: a later replay gap still gets a hangup",
     unknown_tool_result_ignored: "a tool.result for a call_ref the agent never issued reaches nobody",
+    repeated_tool_result_reaches_nobody [VOICEHOST]: "a tool.result sent again for a tool call already answered reaches nobody: the agent's handler hears each answer once",
     refused_tool_call_answered: "an error refusing a tool.call answers the waiting tool at once (\"Tool failed: <code>\"); the refused call, read on the call's own connection, counts on both sides and is not sent again",
     timed_out_tools_leave_nothing_behind [SHORT_TOOL_TIMEOUT]: "tool calls Sent never answers time out and leave nothing behind: after 17 a new tool call still goes out, and three traps still get the failure policy's hangup",
     failed_policy_transfer_hangs_up [TRANSFER_POLICY]: "when Sent fails the failure policy's transfer, a hangup follows",
@@ -549,6 +550,28 @@ async fn unknown_tool_result_ignored(ctx: &Ctx) -> Result<()> {
     call.expect_nothing(Duration::from_millis(500)).await?;
     call.say("echo after");
     call.expect_say("after").await?;
+    Ok(())
+}
+
+async fn repeated_tool_result_reaches_nobody(ctx: &Ctx) -> Result<()> {
+    let (_conn, mut call) = greeted(ctx).await?;
+    call.plan_tool("send_dtmf", ToolPlan::Fail("dtmf_failed".into()));
+    call.say("dtmf 1");
+    let tool = call.expect_tool("send_dtmf").await?;
+    let call_ref = tool["call_ref"].as_str().unwrap_or_default().to_string();
+    // The conformance agent says "Tool failed: <code>" for each failed answer it hears.
+    call.expect_say("Tool failed: dtmf_failed").await?;
+    for _ in 0..3 {
+        call.answer(&call_ref, "send_dtmf", Some("dtmf_failed"));
+    }
+    call.expect_nothing(Duration::from_millis(500)).await?;
+    call.say("echo after");
+    call.expect_say("after").await?;
+    let said = says(&call.accepted_frames());
+    ensure!(
+        said == [GREETING, "Tool failed: dtmf_failed", "after"],
+        "the agent said {said:?}"
+    );
     Ok(())
 }
 
