@@ -1322,20 +1322,13 @@ fn window_of(window_ms: Option<i64>) -> Duration {
     Duration::from_millis(window_ms.map_or(15_000, |ms| ms.clamp(1, 24 * 3600 * 1000) as u64))
 }
 
+/// The `call_ref` the host issues for its `n`th tool call.
 fn call_ref(n: u64) -> String {
-    call_ref_of(n)
-}
-
-fn call_ref_of(n: u64) -> String {
     format!("t{n}")
 }
 
 /// The number of a `call_ref` the host issued: exactly `t<n>`, as written (`t01` is not `t1`).
-fn parse_call_ref(call_ref: &str) -> Option<u64> {
-    let n: u64 = call_ref
-        .strip_prefix('t')?
-        .parse()
-        .ok()
-        .filter(|n| *n > 0)?;
-    (call_ref_of(n) == call_ref).then_some(n)
+fn parse_call_ref(text: &str) -> Option<u64> {
+    let n: u64 = text.strip_prefix('t')?.parse().ok().filter(|n| *n > 0)?;
+    (call_ref(n) == text).then_some(n)
 }
