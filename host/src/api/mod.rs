@@ -15,7 +15,7 @@ pub mod views;
 
 use crate::sandbox::wit::{self, Direction, Media};
 use crate::sandbox::LoadError;
-use crate::tenancy::{AgentRecord, AgentStatus, RegistryError, ServeError, Tenancy, VersionRecord};
+use crate::tenancy::{AgentRecord, RegistryError, ServeError, Tenancy, VersionRecord};
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::{header, request::Parts, StatusCode};
@@ -276,12 +276,7 @@ fn agent_view(tenancy: &Tenancy, tenant: &str, agent_id: String, record: AgentRe
         .iter()
         .map(|v| version_view(v, record.active == Some(v.version)))
         .collect();
-    let (status, status_detail) = match tenancy.status(tenant, &agent_id) {
-        AgentStatus::Inactive => (views::AgentStatus::Inactive, None),
-        AgentStatus::Connecting => (views::AgentStatus::Connecting, None),
-        AgentStatus::Serving => (views::AgentStatus::Serving, None),
-        AgentStatus::Refused(why) => (views::AgentStatus::Refused, Some(why)),
-    };
+    let (status, status_detail) = tenancy.status(tenant, &agent_id);
     AgentView {
         status,
         status_detail,
