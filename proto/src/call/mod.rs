@@ -1070,7 +1070,7 @@ impl Call {
     /// The agent cannot serve the call: the guest gets no more events (but the last), and the failure
     /// policy runs once: a transfer, followed by a hangup if it fails; or a hangup.
     pub fn give_up(&mut self, now: Instant, fx: &mut Effects) {
-        self.abandon();
+        self.stop_events_but_the_end();
         if self.gave_up || self.finished() {
             return;
         }
@@ -1100,7 +1100,7 @@ impl Call {
     }
 
     /// The guest takes no more events; only the terminal one, when it comes.
-    pub fn abandon(&mut self) {
+    pub fn stop_events_but_the_end(&mut self) {
         if self.guest == Guest::Serving {
             self.guest = Guest::Terminal;
         }
@@ -1112,7 +1112,7 @@ impl Call {
     }
 
     /// The guest's task has stopped for good: nothing more is queued for it.
-    pub fn release(&mut self) {
+    pub fn guest_gone(&mut self) {
         self.guest = Guest::Gone;
         self.events.clear();
         self.audio_queued = 0;

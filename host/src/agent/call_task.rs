@@ -1,6 +1,6 @@
 //! One call's task: it feeds the call's events to its guest, one at a time, in the order Sent's frames
 //! arrived; it replaces a trapped instance with a fresh one; it asks for the failure policy when the agent
-//! cannot serve the call. The guest's imports ([`Port`]) reach the call's state machine through the
+//! cannot serve the call. The guest's imports ([`CallImports`]) reach the call's state machine through the
 //! agent's lock; what the protocol allows is decided there, not here.
 
 use super::admission::Permit;
@@ -53,7 +53,7 @@ impl Default for CallRules {
 }
 
 /// What one call's guest reaches through its imports.
-struct Port {
+struct CallImports {
     agent: Arc<Agent>,
     key: CallKey,
     info: CallInfo,
@@ -63,7 +63,7 @@ struct Port {
     stats: Arc<Stats>,
 }
 
-impl Port {
+impl CallImports {
     /// A counted frame of the guest's, checked by the codec before the call's machine sees it. While the
     /// call has as many frames unwritten as may be and Sent is reading, it waits for the writer (the
     /// call's wall-clock bound covers the wait); the machine says when that stops.
@@ -118,7 +118,7 @@ fn saved_bytes(key: &str, value: &[u8]) -> usize {
     PER_ENTRY + key.len() + value.len()
 }
 
-impl GuestImports for Port {
+impl GuestImports for CallImports {
     fn info(&self) -> CallInfo {
         self.info.clone()
     }
@@ -313,16 +313,16 @@ fn info_of(start: &SessionStart, media: Media) -> CallInfo {
 }
 
 /// A call's task has stopped: its machine is told, and forgets the call once it is finished.
-struct Released {
+struct GoneOnDrop {
     agent: Arc<Agent>,
     key: CallKey,
 }
 
-impl Drop for Released {
+impl Drop for GoneOnDrop {
     fn drop(&mut self) {
         let key = self.key;
         self.agent.with(|shared| {
-            shared.router.handle_release(key);
+            shared.router.handle_guest_gone(key);
             shared.wakers.remove(&key);
             shared.waiters.retain(|(k, _), _| *k != key);
         });
@@ -331,7 +331,7 @@ impl Drop for Released {
 
 /// A call being served: listed live, holding its room under its caps, until dropped.
 struct Serving {
-    _released: Released,
+    _gone: GoneOnDrop,
     stats: Arc<Stats>,
     session_id: String,
     _permit: Permit,
@@ -370,7 +370,7 @@ pub(super) async fn run(
             "over the session cap: applying the failure policy"
         );
         stats.sessions_refused.inc();
-        let _released = Released {
+        let _gone = GoneOnDrop {
             agent: agent.clone(),
             key,
         };
@@ -386,7 +386,7 @@ pub(super) async fn run(
     );
     // Off the live list, out of its caps, and forgotten by the router however the task ends.
     let _serving = Serving {
-        _released: Released {
+        _gone: GoneOnDrop {
             agent: agent.clone(),
             key,
         },
@@ -394,7 +394,7 @@ pub(super) async fn run(
         session_id: session_id.clone(),
         _permit: permit,
     };
-    let port: Arc<dyn GuestImports> = Arc::new(Port {
+    let imports: Arc<dyn GuestImports> = Arc::new(CallImports {
         agent,
         key,
         info,
@@ -403,7 +403,7 @@ pub(super) async fn run(
         state_bytes: deployment.rules.state_bytes,
         stats,
     });
-    match Instance::new(&deployment.code, port, deployment.rules.limits.clone()).await {
+    match Instance::new(&deployment.code, imports, deployment.rules.limits.clone()).await {
         Ok(instance) => task.serve(instance).await,
         Err(error) => {
             tracing::error!(session = session_id, error = %format!("{error:#}"), "the agent could not be instantiated");
