@@ -17,9 +17,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
-use voicehost_proto::call::{
-    CallKey, CallLimits, GuestEvent, Media, NotNow, Refused, ToolAnswer, TrapWindow,
-};
+use voicehost_proto::call::{CallKey, CallLimits, GuestEvent, Media, NotNow, TrapWindow};
 use voicehost_proto::wire::{frames, Frame};
 
 /// The rules one agent's calls run under.
@@ -83,7 +81,7 @@ impl CallImports {
                     shared.report(key, now);
                     match shared.router.handle_send(now, key, &frame, text.clone()) {
                         Ok(()) => Ok(None),
-                        Err(NotNow::Refused(why)) => Err(refused(why)),
+                        Err(NotNow::Refused(why)) => Err(wit::Refused::from(why)),
                         Err(NotNow::Wait(until)) => Ok(Some(until)),
                     }
                 })?;
@@ -178,7 +176,7 @@ impl GuestImports for CallImports {
                             shared.waiters.insert((key, call_ref), answer);
                             Ok(Ok(waiting))
                         }
-                        Err(NotNow::Refused(why)) => Err(refused(why)),
+                        Err(NotNow::Refused(why)) => Err(wit::Refused::from(why)),
                         Err(NotNow::Wait(until)) => Ok(Err(until)),
                     }
                 })?;
@@ -190,8 +188,8 @@ impl GuestImports for CallImports {
             // The tool's deadline may be the router's next one.
             agent.timers.notify_one();
             match answer.await {
-                Ok(Ok(answer)) => Ok(tool_result(answer)),
-                Ok(Err(error)) => Err(refused(error)),
+                Ok(Ok(answer)) => Ok(answer.into()),
+                Ok(Err(error)) => Err(error.into()),
                 Err(_) => Err(wit::Refused::Ended),
             }
         })
@@ -235,53 +233,6 @@ impl GuestImports for CallImports {
     }
 }
 
-fn refused(refused: Refused) -> wit::Refused {
-    match refused {
-        Refused::Ended => wit::Refused::Ended,
-        Refused::Invalid => wit::Refused::Invalid,
-        Refused::WrongMedia => wit::Refused::WrongMedia,
-        Refused::OverLimit => wit::Refused::OverLimit,
-        Refused::TimedOut => wit::Refused::TimedOut,
-    }
-}
-
-fn tool_result(answer: ToolAnswer) -> wit::ToolResult {
-    wit::ToolResult {
-        call_ref: answer.call_ref,
-        ok: answer.ok,
-        error: answer
-            .error
-            .map(|(code, message)| wit::ToolError { code, message }),
-    }
-}
-
-fn event_of(event: GuestEvent) -> Event {
-    match event {
-        GuestEvent::Start => Event::SessionStart,
-        GuestEvent::UserSaid { text, correction } => {
-            Event::UserSaid(wit::UserSaid { text, correction })
-        }
-        GuestEvent::Audio(samples) => Event::Audio(
-            samples
-                .chunks_exact(2)
-                .map(|b| i16::from_le_bytes([b[0], b[1]]))
-                .collect(),
-        ),
-        GuestEvent::ToolResult(answer) => Event::ToolResult(tool_result(answer)),
-        GuestEvent::Unknown { frame_type, json } => {
-            Event::Frame(wit::UnknownFrame { frame_type, json })
-        }
-        GuestEvent::End {
-            reason,
-            duration_ms,
-        } => Event::SessionEnd(wit::SessionEnd {
-            reason,
-            duration_ms,
-        }),
-        GuestEvent::Lost => Event::SessionLost,
-    }
-}
-
 fn info_of(start: &SessionStart, media: Media) -> CallInfo {
     let party = |p: &frames::Party| Party {
         kind: p.kind.clone(),
@@ -298,10 +249,7 @@ fn info_of(start: &SessionStart, media: Media) -> CallInfo {
         },
         from: party(&start.from),
         to: party(&start.to),
-        media: match media {
-            Media::Text => wit::Media::Text,
-            Media::Audio { sample_rate } => wit::Media::Audio(sample_rate),
-        },
+        media: media.into(),
         language: start.language.clone(),
         context: start
             .context
@@ -458,7 +406,7 @@ impl Task {
         let mut traps = TrapWindow::new(self.rules.max_traps, self.rules.trap_window);
         while let Some(event) = self.next().await {
             let last = matches!(event, GuestEvent::End { .. } | GuestEvent::Lost);
-            let mut next = Some(event_of(event));
+            let mut next = Some(Event::from(event));
             while let Some(event) = next.take() {
                 let started = Instant::now();
                 let outcome = instance.call(&event).await;

@@ -13,7 +13,7 @@ mod metrics;
 mod tests;
 pub mod views;
 
-use crate::sandbox::wit::{self, Direction, Media};
+use crate::sandbox::wit::{self, Direction};
 use crate::sandbox::LoadError;
 use crate::tenancy::{AgentRecord, RegistryError, ServeError, Tenancy, VersionRecord};
 use axum::body::Body;
@@ -31,7 +31,7 @@ use views::{
     ActivateRequest, AgentList, AgentView, ErrorBody, ErrorCode, Health, PartyView, SessionList,
     SessionView, UsageView, VersionView,
 };
-use voicehost_proto::call::FailurePolicy;
+use voicehost_proto::call::{self, FailurePolicy};
 
 /// The routes and the document they make: each handler's `#[utoipa::path]` gives its method and path to
 /// both, so a route cannot exist undocumented or be documented and absent.
@@ -298,15 +298,23 @@ fn version_view(version: &VersionRecord, active: bool) -> VersionView {
     }
 }
 
+// The API's JSON names a call's media by its kind and gives an audio call's rate beside it
+// (`sample_rate`), so its `Media` is the kind alone: made from the core's `Media` here, and only here.
+impl From<call::Media> for views::Media {
+    fn from(media: call::Media) -> views::Media {
+        match media {
+            call::Media::Text => views::Media::Text,
+            call::Media::Audio { .. } => views::Media::Audio,
+        }
+    }
+}
+
 fn session_view(agent_id: String, version: u32, call: &wit::Call) -> SessionView {
     let party = |p: &wit::Party| PartyView {
         kind: p.kind.clone(),
         value: p.value.clone(),
     };
-    let (media, sample_rate) = match call.media {
-        Media::Text => (views::Media::Text, None),
-        Media::Audio(rate) => (views::Media::Audio, Some(rate)),
-    };
+    let media = call::Media::from(call.media);
     SessionView {
         session_id: call.session_id.clone(),
         call_id: call.call_id.clone(),
@@ -316,8 +324,8 @@ fn session_view(agent_id: String, version: u32, call: &wit::Call) -> SessionView
             Direction::Inbound => views::Direction::Inbound,
             Direction::Outbound => views::Direction::Outbound,
         },
-        media,
-        sample_rate,
+        media: media.into(),
+        sample_rate: media.sample_rate(),
         started_at: call.started_at.clone(),
         from: party(&call.from),
         to: party(&call.to),

@@ -49,12 +49,92 @@ mod bindings {
 }
 
 /// The WIT types, as the rest of the host uses them.
+///
+/// The core's types for the same ideas (`voicehost_proto::call`'s `Media`, `Refused`, `ToolAnswer`,
+/// `GuestEvent`) cannot be these: the core names no wasmtime, and bindgen makes these from the WIT. So each
+/// idea has the core's type and the WIT's, and they are converted here and nowhere else.
 pub mod wit {
     pub use super::bindings::voicehost::agent::log::Level;
     pub use super::bindings::voicehost::agent::types::{
         Call, Direction, Media, Party, Refused, SessionEnd, ToolError, ToolResult, UnknownFrame,
         UserSaid,
     };
+
+    use super::Event;
+    use voicehost_proto::call::{self, GuestEvent, ToolAnswer};
+
+    impl From<call::Media> for Media {
+        fn from(media: call::Media) -> Media {
+            match media {
+                call::Media::Text => Media::Text,
+                call::Media::Audio { sample_rate } => Media::Audio(sample_rate),
+            }
+        }
+    }
+
+    impl From<Media> for call::Media {
+        fn from(media: Media) -> call::Media {
+            match media {
+                Media::Text => call::Media::Text,
+                Media::Audio(sample_rate) => call::Media::Audio { sample_rate },
+            }
+        }
+    }
+
+    impl From<call::Refused> for Refused {
+        fn from(refused: call::Refused) -> Refused {
+            match refused {
+                call::Refused::Ended => Refused::Ended,
+                call::Refused::Invalid => Refused::Invalid,
+                call::Refused::WrongMedia => Refused::WrongMedia,
+                call::Refused::OverLimit => Refused::OverLimit,
+                call::Refused::TimedOut => Refused::TimedOut,
+            }
+        }
+    }
+
+    impl From<ToolAnswer> for ToolResult {
+        fn from(answer: ToolAnswer) -> ToolResult {
+            ToolResult {
+                call_ref: answer.call_ref,
+                ok: answer.ok,
+                error: answer
+                    .error
+                    .map(|(code, message)| ToolError { code, message }),
+            }
+        }
+    }
+
+    // `Event` is the handler call's shape rather than the protocol's: it has `Restart`, which only the
+    // sandbox makes, and audio as the WIT's samples rather than the wire's bytes.
+    impl From<GuestEvent> for Event {
+        fn from(event: GuestEvent) -> Event {
+            match event {
+                GuestEvent::Start => Event::SessionStart,
+                GuestEvent::UserSaid { text, correction } => {
+                    Event::UserSaid(UserSaid { text, correction })
+                }
+                GuestEvent::Audio(samples) => Event::Audio(
+                    samples
+                        .chunks_exact(2)
+                        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+                        .collect(),
+                ),
+                GuestEvent::ToolResult(answer) => Event::ToolResult(answer.into()),
+                GuestEvent::Unknown { frame_type, json } => {
+                    Event::Frame(UnknownFrame { frame_type, json })
+                }
+                GuestEvent::End {
+                    reason,
+                    duration_ms,
+                } => Event::SessionEnd(SessionEnd {
+                    reason,
+                    duration_ms,
+                }),
+                GuestEvent::Lost => Event::SessionLost,
+            }
+        }
+    }
 }
 
 use wit::*;
@@ -102,7 +182,8 @@ impl Default for Limits {
     }
 }
 
-/// What a guest's imports reach: its call, on the host's side. The session implements it.
+/// What a guest's imports reach: its call, on the host's side. The call's task implements it
+/// (`agent/call_task.rs`).
 pub trait GuestImports: Send + Sync + 'static {
     /// The call the instance serves, as it started (the `info` import).
     fn info(&self) -> Call;

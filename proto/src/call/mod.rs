@@ -85,6 +85,14 @@ impl Media {
         }
     }
 
+    /// An audio call's samples per second; `None` for a text call.
+    pub fn sample_rate(&self) -> Option<u32> {
+        match self {
+            Media::Text => None,
+            Media::Audio { sample_rate } => Some(*sample_rate),
+        }
+    }
+
     /// Bytes in `ms` milliseconds of audio, two per 16-bit sample (none for a text call).
     pub fn bytes_per(&self, ms: u32) -> usize {
         match self {
