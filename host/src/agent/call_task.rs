@@ -6,7 +6,7 @@
 use super::admission::Permit;
 use super::{Agent, Deployment, FailurePolicy};
 use crate::sandbox::limits;
-use crate::sandbox::wit::{self, Call as CallInfo, Direction, Level, Party};
+use crate::sandbox::wit::{self, CallInfo, Direction, Level, Party};
 use crate::sandbox::{Event, GuestImports, Instance, Limits, Outcome, TrapKind};
 use crate::stats::{LiveSession, Stats};
 use sentdm_voice_agents::frames::{AgentClear, AgentSay, SessionStart};
@@ -328,7 +328,7 @@ pub(super) async fn run(
     stats.live_start(
         &session_id,
         LiveSession {
-            call: info.clone(),
+            info: info.clone(),
             version: deployment.version,
         },
     );

@@ -309,26 +309,26 @@ impl From<call::Media> for views::Media {
     }
 }
 
-fn session_view(agent_id: String, version: u32, call: &wit::Call) -> SessionView {
+fn session_view(agent_id: String, version: u32, info: &wit::CallInfo) -> SessionView {
     let party = |p: &wit::Party| PartyView {
         kind: p.kind.clone(),
         value: p.value.clone(),
     };
-    let media = call::Media::from(call.media);
+    let media = call::Media::from(info.media);
     SessionView {
-        session_id: call.session_id.clone(),
-        call_id: call.call_id.clone(),
+        session_id: info.session_id.clone(),
+        call_id: info.call_id.clone(),
         agent_id,
         version,
-        direction: match call.direction {
+        direction: match info.direction {
             Direction::Inbound => views::Direction::Inbound,
             Direction::Outbound => views::Direction::Outbound,
         },
         media: media.into(),
         sample_rate: media.sample_rate(),
-        started_at: call.started_at.clone(),
-        from: party(&call.from),
-        to: party(&call.to),
+        started_at: info.started_at.clone(),
+        from: party(&info.from),
+        to: party(&info.to),
     }
 }
 
@@ -693,7 +693,7 @@ async fn sessions(
     let sessions = tenancy
         .sessions(&tenant)
         .into_iter()
-        .map(|(agent_id, live)| session_view(agent_id, live.version, &live.call))
+        .map(|(agent_id, live)| session_view(agent_id, live.version, &live.info))
         .collect();
     Json(SessionList { sessions })
 }

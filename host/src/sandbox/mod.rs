@@ -55,9 +55,11 @@ mod bindings {
 /// idea has the core's type and the WIT's, and they are converted here and nowhere else.
 pub mod wit {
     pub use super::bindings::voicehost::agent::log::Level;
+    // The WIT's `call` record is `CallInfo` on the Rust side: what a call is described as, beside the core's
+    // `Call` (the call's machine).
+    pub use super::bindings::voicehost::agent::types::Call as CallInfo;
     pub use super::bindings::voicehost::agent::types::{
-        Call, Direction, Media, Party, Refused, SessionEnd, ToolError, ToolResult, UnknownFrame,
-        UserSaid,
+        Direction, Media, Party, Refused, SessionEnd, ToolError, ToolResult, UnknownFrame, UserSaid,
     };
 
     use super::Event;
@@ -186,7 +188,7 @@ impl Default for Limits {
 /// (`agent/call_task.rs`).
 pub trait GuestImports: Send + Sync + 'static {
     /// The call the instance serves, as it started (the `info` import).
-    fn info(&self) -> Call;
+    fn info(&self) -> CallInfo;
     /// Speaks `text` on a text call (the `say` import): an `agent.say` frame. Resolves once it is queued
     /// for Sent (it may wait while Sent reads the call's backlog).
     fn say(
