@@ -70,7 +70,7 @@ struct RunArgs {
     #[arg(long)]
     agent_id: String,
     /// Sent's connect endpoint.
-    #[arg(long, default_value = "wss://voice.sent.dm/v1/agents/connect")]
+    #[arg(long, default_value = agent::SENT_URL)]
     url: String,
     /// A file holding the API key (instead of the SENT_API_KEY environment variable).
     #[arg(long, value_parser = absolute)]
@@ -79,7 +79,7 @@ struct RunArgs {
     #[arg(long, env = "VOICEHOST_CACHE_DIR", value_parser = absolute)]
     cache_dir: Option<PathBuf>,
     /// Connections to hold at once.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = limits::CONNECTIONS)]
     connections: usize,
     /// Guest CPU time per handler call, in milliseconds.
     #[arg(long, default_value_t = limits::DEFAULTS.cpu_ms)]

@@ -45,7 +45,7 @@ impl Default for CallRules {
             trap_window: limits::TRAP_WINDOW,
             policy: FailurePolicy::HangUp,
             call: CallLimits::default(),
-            state_bytes: 64 << 10,
+            state_bytes: limits::STATE_BYTES,
         }
     }
 }

@@ -12,7 +12,7 @@ pub mod connection;
 
 pub use admission::{Admission, Gate};
 pub use call_task::CallRules;
-pub use connection::{ApiKey, ConnectError, Dial};
+pub use connection::{ApiKey, ConnectError, Dial, SENT_URL};
 pub use voicehost_proto::call::FailurePolicy;
 
 use crate::sandbox::AgentCode;
