@@ -116,7 +116,7 @@ async fn tour(dir: &Path) -> Result<()> {
     println!("admin API on {}", hosted.admin);
 
     for (tenant, token, _, agent, example) in TENANTS {
-        let wasm = crate::calls::component(example)?;
+        let wasm = crate::shared::component(example)?;
         let started = Instant::now();
         let path = format!("/v1/agents/{agent}/versions?activate=true");
         let version: VersionView = hosted
@@ -136,7 +136,7 @@ async fn tour(dir: &Path) -> Result<()> {
         call.say("echo hello from the simulator");
         call.expect_say("hello from the simulator").await?;
         println!("\n{tenant}'s call to {agent}:");
-        crate::calls::transcript(&sim, &call);
+        crate::shared::transcript(&sim, &call);
         call.end("completed");
     }
 

@@ -8,7 +8,8 @@
 //! its memory (handles, header fields, body chunks, random bytes) is capped in [`limits`].
 //!
 //! By concern: `engine.rs` (the engine, compiling and the compiled cache), `compiler.rs` (compiling an
-//! upload in a child process under bounds), `imports.rs` (the host's side of
+//! upload in a child process under bounds), `compile_input.rs` (what both take: the engine's settings, a
+//! component's bytes), `imports.rs` (the host's side of
 //! the guest's imports, and the meters behind the limits), `instance.rs` (one call's instance and its
 //! handler calls), `trap.rs` (what kind of trap ended a handler), `guest_log.rs` (the guest's log, rate
 //! limited), `limits.rs` (the limits' defaults) and `outbound.rs` (its HTTP requests).
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use limits::ResolvedLimits;
 
+mod compile_input;
 pub mod compiler;
 pub mod egress;
 mod engine;
@@ -30,8 +32,9 @@ pub mod limits;
 pub mod outbound;
 mod trap;
 
+pub use compile_input::Wasm;
 pub use compiler::{ChildCompiler, CompileBounds};
-pub use engine::{blocking, AgentCode, LoadError, Sandbox, Wasm};
+pub use engine::{blocking, AgentCode, LoadError, Sandbox};
 pub use instance::{Event, Instance, Outcome, HANDLERS};
 pub use outbound::{HttpPolicy, Origin};
 pub use trap::{TrapKind, TrapReport};
