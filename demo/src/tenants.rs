@@ -47,20 +47,14 @@ impl Hosted {
         let tenancy = Tenancy::open(&config, None)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let admin = format!("http://{}", listener.local_addr()?);
-        let api = tokio::spawn({
-            let tenancy = tenancy.clone();
-            async move {
-                voicehost::api::serve(
-                    listener,
-                    tenancy,
-                    &config.admin,
-                    None,
-                    std::future::pending(),
-                )
-                .await
-            }
-        });
-        tenancy.start().await;
+        let api = voicehost::api::start_serving(
+            &tenancy,
+            listener,
+            &config.admin,
+            None,
+            std::future::pending(),
+        )
+        .await;
         Ok(Hosted {
             tenancy,
             admin,

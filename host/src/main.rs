@@ -250,19 +250,11 @@ async fn serve(path: &std::path::Path) -> Result<()> {
             "admin API listening: plain HTTP, on loopback only"
         ),
     }
-    let (stop, stopped) = watch::channel(false);
-    let api = tokio::spawn({
-        let mut stopped = stopped.clone();
-        let (tenancy, admin, tls) = (tenancy.clone(), config.admin.clone(), tls.clone());
-        async move {
-            api::serve(listener, tenancy, &admin, tls, async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            })
-            .await
-        }
-    });
-    // The admin API answers `/healthz` with 503 until every active agent is loaded.
-    tenancy.start().await;
+    let (stop, mut stopped) = watch::channel(false);
+    let api = api::start_serving(&tenancy, listener, &config.admin, tls.clone(), async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    })
+    .await;
     serve_until_stopped(&tenancy, tls.as_deref(), path).await;
     tracing::info!(
         grace_s = SHUTDOWN_GRACE.as_secs(),

@@ -84,6 +84,24 @@ pub async fn serve(
     .await;
 }
 
+/// The wiring of `voicehost serve`, one function for the binary, the demo and the tests: serves the admin
+/// API of `tenancy` ([`serve`]) in a task of its own until `stop`, then starts the tenancy's agents
+/// (`/healthz` answers 503 until every active one is loaded). The task ends once the API has stopped.
+pub async fn start_serving(
+    tenancy: &Arc<Tenancy>,
+    listener: tokio::net::TcpListener,
+    admin: &crate::tenancy::AdminConfig,
+    tls: Option<Arc<crate::tls::ServerCert>>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let api = tokio::spawn({
+        let (tenancy, admin) = (tenancy.clone(), admin.clone());
+        async move { serve(listener, tenancy, &admin, tls, stop).await }
+    });
+    tenancy.start().await;
+    api
+}
+
 /// The admin API's OpenAPI document (served at `/openapi.json`; `host/openapi.json` is this, written out).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut document = routes().into_openapi();
