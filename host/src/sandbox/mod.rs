@@ -2,10 +2,11 @@
 //! component, one Store per call. A call's handlers run under a CPU deadline (epochs: only the guest's own
 //! running time counts, not the time it waits in `tool`), a wall-clock bound, and a linear-memory cap. A
 //! trap poisons the whole Store, so [`Instance`] drops it and builds a fresh one from the same
-//! `InstancePre`; the session then calls `on-restart`. Guests may make HTTP requests through `wasi:http`,
-//! only to the origins of [`Limits::http`] (see [`crate::sandbox::outbound`]); by default none, and then
-//! `wasi:http` is not linked at all: its imports trap. What an instance may hold on the host's side beside
-//! its memory (handles, header fields, body chunks, random bytes) is capped in [`limits`].
+//! `InstancePre`; the call's task then calls `on-restart`. Guests may make HTTP requests through
+//! `wasi:http`, only to the origins of [`Limits::http`] (see [`crate::sandbox::outbound`]); by default
+//! none, and then `wasi:http` is not linked at all: its imports trap. What an instance may hold on the
+//! host's side beside its memory (handles, header fields, body chunks, random bytes) is capped in
+//! [`limits`].
 //!
 //! By concern: `engine.rs` (the engine, compiling and the compiled cache), `compiler.rs` (compiling an
 //! upload in a child process under bounds), `compile_input.rs` (what both take: the engine's settings, a
