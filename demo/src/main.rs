@@ -6,6 +6,7 @@
 use clap::Parser;
 
 mod calls;
+mod shared;
 mod tenants;
 
 #[derive(Parser)]

@@ -47,20 +47,14 @@ impl Hosted {
         let tenancy = Tenancy::open(&config, None)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let admin = format!("http://{}", listener.local_addr()?);
-        let api = tokio::spawn({
-            let tenancy = tenancy.clone();
-            async move {
-                voicehost::api::serve(
-                    listener,
-                    tenancy,
-                    &config.admin,
-                    None,
-                    std::future::pending(),
-                )
-                .await
-            }
-        });
-        tenancy.start().await;
+        let api = voicehost::api::start_serving(
+            &tenancy,
+            listener,
+            &config.admin,
+            None,
+            std::future::pending(),
+        )
+        .await;
         Ok(Hosted {
             tenancy,
             admin,
@@ -116,7 +110,7 @@ async fn tour(dir: &Path) -> Result<()> {
     println!("admin API on {}", hosted.admin);
 
     for (tenant, token, _, agent, example) in TENANTS {
-        let wasm = crate::calls::component(example)?;
+        let wasm = crate::shared::component(example)?;
         let started = Instant::now();
         let path = format!("/v1/agents/{agent}/versions?activate=true");
         let version: VersionView = hosted
@@ -136,7 +130,7 @@ async fn tour(dir: &Path) -> Result<()> {
         call.say("echo hello from the simulator");
         call.expect_say("hello from the simulator").await?;
         println!("\n{tenant}'s call to {agent}:");
-        crate::calls::transcript(&sim, &call);
+        crate::shared::transcript(&sim, &call);
         call.end("completed");
     }
 

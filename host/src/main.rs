@@ -70,7 +70,7 @@ struct RunArgs {
     #[arg(long)]
     agent_id: String,
     /// Sent's connect endpoint.
-    #[arg(long, default_value = "wss://voice.sent.dm/v1/agents/connect")]
+    #[arg(long, default_value = agent::SENT_URL)]
     url: String,
     /// A file holding the API key (instead of the SENT_API_KEY environment variable).
     #[arg(long, value_parser = absolute)]
@@ -79,7 +79,7 @@ struct RunArgs {
     #[arg(long, env = "VOICEHOST_CACHE_DIR", value_parser = absolute)]
     cache_dir: Option<PathBuf>,
     /// Connections to hold at once.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = limits::CONNECTIONS)]
     connections: usize,
     /// Guest CPU time per handler call, in milliseconds.
     #[arg(long, default_value_t = limits::DEFAULTS.cpu_ms)]
@@ -250,19 +250,11 @@ async fn serve(path: &std::path::Path) -> Result<()> {
             "admin API listening: plain HTTP, on loopback only"
         ),
     }
-    let (stop, stopped) = watch::channel(false);
-    let api = tokio::spawn({
-        let mut stopped = stopped.clone();
-        let (tenancy, admin, tls) = (tenancy.clone(), config.admin.clone(), tls.clone());
-        async move {
-            api::serve(listener, tenancy, &admin, tls, async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            })
-            .await
-        }
-    });
-    // The admin API answers `/healthz` with 503 until every active agent is loaded.
-    tenancy.start().await;
+    let (stop, mut stopped) = watch::channel(false);
+    let api = api::start_serving(&tenancy, listener, &config.admin, tls.clone(), async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    })
+    .await;
     serve_until_stopped(&tenancy, tls.as_deref(), path).await;
     tracing::info!(
         grace_s = SHUTDOWN_GRACE.as_secs(),

@@ -1,7 +1,7 @@
 //! What one agent's host counts and measures, for logs, the demo's summary and `/metrics`; and the agent's
 //! live calls, for the admin API.
 
-use crate::sandbox::wit::Call;
+use crate::sandbox::wit::CallInfo;
 use crate::sandbox::{Event, TrapKind, HANDLERS};
 use prometheus_client::metrics::histogram::Histogram;
 use std::collections::BTreeMap;
@@ -37,7 +37,7 @@ impl Default for HandlerLatency {
 #[derive(Debug, Clone)]
 pub struct LiveSession {
     /// The call as its `session.start` described it (what the guest's `info` returns): no resume token.
-    pub call: Call,
+    pub info: CallInfo,
     /// The agent version serving it.
     pub version: u32,
 }

@@ -7,12 +7,12 @@
 //! router decided reaches the sockets in the order it decided it.
 
 mod admission;
+mod call_task;
 pub mod connection;
-mod session;
 
 pub use admission::{Admission, Gate};
-pub use connection::{ApiKey, ConnectError, Dial};
-pub use session::CallRules;
+pub use call_task::CallRules;
+pub use connection::{ApiKey, ConnectError, Dial, SENT_URL};
 pub use voicehost_proto::call::FailurePolicy;
 
 use crate::sandbox::AgentCode;
@@ -368,7 +368,7 @@ impl Agent {
                         admitted = permit.is_some(),
                         "serving a call"
                     );
-                    tokio::spawn(session::run(
+                    tokio::spawn(call_task::run(
                         self.clone(),
                         key,
                         start,

@@ -13,9 +13,9 @@ mod metrics;
 mod tests;
 pub mod views;
 
-use crate::sandbox::wit::{self, Direction, Media};
+use crate::sandbox::wit::{self, Direction};
 use crate::sandbox::LoadError;
-use crate::tenancy::{AgentRecord, AgentStatus, RegistryError, ServeError, Tenancy, VersionRecord};
+use crate::tenancy::{AgentRecord, RegistryError, ServeError, Tenancy, VersionRecord};
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::{header, request::Parts, StatusCode};
@@ -31,7 +31,7 @@ use views::{
     ActivateRequest, AgentList, AgentView, ErrorBody, ErrorCode, Health, PartyView, SessionList,
     SessionView, UsageView, VersionView,
 };
-use voicehost_proto::call::FailurePolicy;
+use voicehost_proto::call::{self, FailurePolicy};
 
 /// The routes and the document they make: each handler's `#[utoipa::path]` gives its method and path to
 /// both, so a route cannot exist undocumented or be documented and absent.
@@ -82,6 +82,24 @@ pub async fn serve(
         stop,
     )
     .await;
+}
+
+/// The wiring of `voicehost serve`, one function for the binary, the demo and the tests: serves the admin
+/// API of `tenancy` ([`serve`]) in a task of its own until `stop`, then starts the tenancy's agents
+/// (`/healthz` answers 503 until every active one is loaded). The task ends once the API has stopped.
+pub async fn start_serving(
+    tenancy: &Arc<Tenancy>,
+    listener: tokio::net::TcpListener,
+    admin: &crate::tenancy::AdminConfig,
+    tls: Option<Arc<crate::tls::ServerCert>>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let api = tokio::spawn({
+        let (tenancy, admin) = (tenancy.clone(), admin.clone());
+        async move { serve(listener, tenancy, &admin, tls, stop).await }
+    });
+    tenancy.start().await;
+    api
 }
 
 /// The admin API's OpenAPI document (served at `/openapi.json`; `host/openapi.json` is this, written out).
@@ -276,12 +294,7 @@ fn agent_view(tenancy: &Tenancy, tenant: &str, agent_id: String, record: AgentRe
         .iter()
         .map(|v| version_view(v, record.active == Some(v.version)))
         .collect();
-    let (status, status_detail) = match tenancy.status(tenant, &agent_id) {
-        AgentStatus::Inactive => (views::AgentStatus::Inactive, None),
-        AgentStatus::Connecting => (views::AgentStatus::Connecting, None),
-        AgentStatus::Serving => (views::AgentStatus::Serving, None),
-        AgentStatus::Refused(why) => (views::AgentStatus::Refused, Some(why)),
-    };
+    let (status, status_detail) = tenancy.status(tenant, &agent_id);
     AgentView {
         status,
         status_detail,
@@ -303,29 +316,37 @@ fn version_view(version: &VersionRecord, active: bool) -> VersionView {
     }
 }
 
-fn session_view(agent_id: String, version: u32, call: &wit::Call) -> SessionView {
+// The API's JSON names a call's media by its kind and gives an audio call's rate beside it
+// (`sample_rate`), so its `Media` is the kind alone: made from the core's `Media` here, and only here.
+impl From<call::Media> for views::Media {
+    fn from(media: call::Media) -> views::Media {
+        match media {
+            call::Media::Text => views::Media::Text,
+            call::Media::Audio { .. } => views::Media::Audio,
+        }
+    }
+}
+
+fn session_view(agent_id: String, version: u32, info: &wit::CallInfo) -> SessionView {
     let party = |p: &wit::Party| PartyView {
         kind: p.kind.clone(),
         value: p.value.clone(),
     };
-    let (media, sample_rate) = match call.media {
-        Media::Text => (views::Media::Text, None),
-        Media::Audio(rate) => (views::Media::Audio, Some(rate)),
-    };
+    let media = call::Media::from(info.media);
     SessionView {
-        session_id: call.session_id.clone(),
-        call_id: call.call_id.clone(),
+        session_id: info.session_id.clone(),
+        call_id: info.call_id.clone(),
         agent_id,
         version,
-        direction: match call.direction {
+        direction: match info.direction {
             Direction::Inbound => views::Direction::Inbound,
             Direction::Outbound => views::Direction::Outbound,
         },
-        media,
-        sample_rate,
-        started_at: call.started_at.clone(),
-        from: party(&call.from),
-        to: party(&call.to),
+        media: media.into(),
+        sample_rate: media.sample_rate(),
+        started_at: info.started_at.clone(),
+        from: party(&info.from),
+        to: party(&info.to),
     }
 }
 
@@ -690,7 +711,7 @@ async fn sessions(
     let sessions = tenancy
         .sessions(&tenant)
         .into_iter()
-        .map(|(agent_id, live)| session_view(agent_id, live.version, &live.call))
+        .map(|(agent_id, live)| session_view(agent_id, live.version, &live.info))
         .collect();
     Json(SessionList { sessions })
 }

@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use voicehost_proto::call::FailurePolicy;
 
+/// The agent's status is the tenancy's own type (one representation, serialised as it is).
+pub use crate::tenancy::AgentStatus;
+
 /// One of a tenant's agents (`GET /v1/agents/{agent_id}`, and the answer to activate, rollback and
 /// failure-policy).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -44,32 +47,6 @@ pub struct AgentView {
     pub live_sessions: u64,
     /// Every stored version, in version order.
     pub versions: Vec<VersionView>,
-}
-
-/// Whether an agent's calls can reach it: `inactive`, `connecting`, `serving` or `refused`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum AgentStatus {
-    /// No active version: not connected.
-    Inactive,
-    /// Connecting to Sent, or reconnecting with backoff.
-    Connecting,
-    /// At least one connection to Sent is ready.
-    Serving,
-    /// Sent refused the connection for a reason a person must fix (its `status_detail` says it).
-    Refused,
-}
-
-impl AgentStatus {
-    /// The name on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AgentStatus::Inactive => "inactive",
-            AgentStatus::Connecting => "connecting",
-            AgentStatus::Serving => "serving",
-            AgentStatus::Refused => "refused",
-        }
-    }
 }
 
 /// One uploaded component of an agent (in an agent's `versions`, and the 201 answer to an upload).

@@ -7,7 +7,7 @@
 //! loads what it wrote as it loads its cache (see `engine.rs`). Its environment is emptied, but it runs as
 //! the host's user: it bounds what a compile costs, and is not a privilege boundary.
 
-use super::engine::Wasm;
+use super::compile_input::Wasm;
 use super::guest_log::clip;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -204,7 +204,7 @@ pub fn child_main(output: &Path, cpu_seconds: u64, memory_bytes: u64, parent: u3
         eprintln!("cannot read the component: {error}");
         return 1;
     }
-    let engine = match wasmtime::Engine::new(&super::engine::config(false)) {
+    let engine = match wasmtime::Engine::new(&super::compile_input::config(false)) {
         Ok(engine) => engine,
         Err(error) => return out_of_memory_or(error, 1),
     };

@@ -1,10 +1,11 @@
 //! The engine all agents share, with the host's imports linked, and compiling: a component checked against
 //! the `agent` world, pre-linked, and kept compiled in the cache.
 
+use super::compile_input::{config, Wasm};
 use super::compiler::{ChildCompiler, ChildFailure};
 use super::guest_log::clip;
 use super::imports::HostState;
-use super::{bindings, limits, outbound, Limits, TICK};
+use super::{bindings, outbound, Limits, TICK};
 use crate::content::{remove_partials, write_atomically, Digest, TempFile};
 use anyhow::Result;
 use std::collections::BTreeSet;
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{Component, HasSelf, Linker, ResourceType};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::Engine;
 
 /// The engine all agents share, with the epoch ticker that drives CPU deadlines.
 #[derive(Clone)]
@@ -29,37 +30,6 @@ pub struct Sandbox {
     /// Compiles in a child process under bounds, when set; else in this process, unbounded (tests,
     /// benches, `voicehost run` of the operator's own file).
     compiler: Option<ChildCompiler>,
-}
-
-/// The engine's settings: with `for_instances`, the shared pool and parallel compiling; without, what a
-/// process that only compiles needs (no pool, one core). Compiled code depends only on what its hash
-/// covers (target, Cranelift's flags, tunables, features), which both share: the compiling child's code
-/// loads in the host.
-pub(super) fn config(for_instances: bool) -> Config {
-    let mut config = Config::new();
-    config.epoch_interruption(true);
-    if !for_instances {
-        config.parallel_compilation(false);
-        return config;
-    }
-    // The shared pool. A component over the per-component maxima is refused at upload; under them, one
-    // tenant's calls (`max_sessions`, 100 by default) hold at most 3,200 core instances, 400 memories
-    // and 800 tables of these totals.
-    let mut pool = PoolingAllocationConfig::default();
-    pool.total_component_instances(1000);
-    pool.total_core_instances(10_000);
-    pool.total_memories(2000);
-    pool.total_tables(4000);
-    pool.total_stacks(1000);
-    pool.max_core_instances_per_component(limits::MAX_CORE_INSTANCES_PER_COMPONENT);
-    pool.max_memories_per_component(limits::MAX_MEMORIES_PER_COMPONENT);
-    pool.max_tables_per_component(limits::MAX_TABLES_PER_COMPONENT);
-    pool.max_memory_size((limits::MAX_MEMORY_MIB as usize) << 20);
-    pool.max_component_instance_size(1 << 20);
-    pool.max_core_instance_size(1 << 20);
-    pool.table_elements(limits::MAX_TABLE_ELEMENTS);
-    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    config
 }
 
 impl Sandbox {
@@ -442,16 +412,6 @@ fn over_instance_limits(why: &str) -> bool {
     // "… does not fit in pooling allocator requirements" (a module's), "… exceeds the configured maximum
     // of N in the pooling allocator" (the component's counts).
     why.contains("pooling allocator")
-}
-
-/// A component's bytes to compile: in memory, or in a file (an upload received into one) that stays until
-/// the compile is done.
-#[derive(Debug, Clone)]
-pub enum Wasm {
-    /// In memory (a stored version, read back and checked).
-    Bytes(bytes::Bytes),
-    /// In this file.
-    File(PathBuf),
 }
 
 /// Why a component cannot serve as an agent.

@@ -4,7 +4,7 @@
 use super::guest_log::GuestOutput;
 use super::limits::{MAX_FIELDS_BYTES, MAX_HANDLES, MAX_RANDOM_BYTES, MAX_TABLE_ELEMENTS};
 use super::outbound::PolicyHooks;
-use super::wit::{Call, Level, Refused, ToolResult};
+use super::wit::{CallInfo, Level, Refused, ToolResult};
 use super::{bindings, ticks, GuestImports, Limits};
 use bindings::voicehost::agent::{log, session, types};
 use std::sync::Arc;
@@ -152,7 +152,7 @@ impl MemoryMeter {
 impl types::Host for HostState {}
 
 impl session::Host for HostState {
-    async fn info(&mut self) -> wasmtime::Result<Call> {
+    async fn info(&mut self) -> wasmtime::Result<CallInfo> {
         Ok(self.imports.info())
     }
 

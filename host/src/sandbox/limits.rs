@@ -33,6 +33,19 @@ pub const DEFAULTS: ResolvedLimits = ResolvedLimits {
     component_mib: 40,
 };
 
+/// Connections to Sent per active agent (`connections`, `run`'s `--connections`).
+pub const CONNECTIONS: usize = 1;
+
+/// Saved state per call (`save`): keys and values together, in bytes.
+pub const STATE_BYTES: usize = 64 << 10;
+
+/// The timeout of a guest's HTTP request (connect, first byte, between bytes, and the whole request),
+/// when its tenant allows HTTP and sets no `timeout_ms`.
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest response body a guest may receive over HTTP, when its tenant sets no `max_response_kib`.
+pub const HTTP_MAX_RESPONSE_BYTES: u64 = 1 << 20;
+
 /// Traps within [`TRAP_WINDOW`] after which a call gets its failure policy.
 pub const MAX_TRAPS: usize = 3;
 /// How far back traps count towards [`MAX_TRAPS`]: older ones are forgotten.

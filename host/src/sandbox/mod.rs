@@ -2,13 +2,15 @@
 //! component, one Store per call. A call's handlers run under a CPU deadline (epochs: only the guest's own
 //! running time counts, not the time it waits in `tool`), a wall-clock bound, and a linear-memory cap. A
 //! trap poisons the whole Store, so [`Instance`] drops it and builds a fresh one from the same
-//! `InstancePre`; the session then calls `on-restart`. Guests may make HTTP requests through `wasi:http`,
-//! only to the origins of [`Limits::http`] (see [`crate::sandbox::outbound`]); by default none, and then
-//! `wasi:http` is not linked at all: its imports trap. What an instance may hold on the host's side beside
-//! its memory (handles, header fields, body chunks, random bytes) is capped in [`limits`].
+//! `InstancePre`; the call's task then calls `on-restart`. Guests may make HTTP requests through
+//! `wasi:http`, only to the origins of [`Limits::http`] (see [`crate::sandbox::outbound`]); by default
+//! none, and then `wasi:http` is not linked at all: its imports trap. What an instance may hold on the
+//! host's side beside its memory (handles, header fields, body chunks, random bytes) is capped in
+//! [`limits`].
 //!
 //! By concern: `engine.rs` (the engine, compiling and the compiled cache), `compiler.rs` (compiling an
-//! upload in a child process under bounds), `imports.rs` (the host's side of
+//! upload in a child process under bounds), `compile_input.rs` (what both take: the engine's settings, a
+//! component's bytes), `imports.rs` (the host's side of
 //! the guest's imports, and the meters behind the limits), `instance.rs` (one call's instance and its
 //! handler calls), `trap.rs` (what kind of trap ended a handler), `guest_log.rs` (the guest's log, rate
 //! limited), `limits.rs` (the limits' defaults) and `outbound.rs` (its HTTP requests).
@@ -20,6 +22,7 @@ use std::time::Duration;
 
 use limits::ResolvedLimits;
 
+mod compile_input;
 pub mod compiler;
 pub mod egress;
 mod engine;
@@ -30,8 +33,9 @@ pub mod limits;
 pub mod outbound;
 mod trap;
 
+pub use compile_input::Wasm;
 pub use compiler::{ChildCompiler, CompileBounds};
-pub use engine::{blocking, AgentCode, LoadError, Sandbox, Wasm};
+pub use engine::{blocking, AgentCode, LoadError, Sandbox};
 pub use instance::{Event, Instance, Outcome, HANDLERS};
 pub use outbound::{HttpPolicy, Origin};
 pub use trap::{TrapKind, TrapReport};
@@ -49,12 +53,94 @@ mod bindings {
 }
 
 /// The WIT types, as the rest of the host uses them.
+///
+/// The core's types for the same ideas (`voicehost_proto::call`'s `Media`, `Refused`, `ToolAnswer`,
+/// `GuestEvent`) cannot be these: the core names no wasmtime, and bindgen makes these from the WIT. So each
+/// idea has the core's type and the WIT's, and they are converted here and nowhere else.
 pub mod wit {
     pub use super::bindings::voicehost::agent::log::Level;
+    // The WIT's `call` record is `CallInfo` on the Rust side: what a call is described as, beside the core's
+    // `Call` (the call's machine).
+    pub use super::bindings::voicehost::agent::types::Call as CallInfo;
     pub use super::bindings::voicehost::agent::types::{
-        Call, Direction, Media, Party, Refused, SessionEnd, ToolError, ToolResult, UnknownFrame,
-        UserSaid,
+        Direction, Media, Party, Refused, SessionEnd, ToolError, ToolResult, UnknownFrame, UserSaid,
     };
+
+    use super::Event;
+    use voicehost_proto::call::{self, GuestEvent, ToolAnswer};
+
+    impl From<call::Media> for Media {
+        fn from(media: call::Media) -> Media {
+            match media {
+                call::Media::Text => Media::Text,
+                call::Media::Audio { sample_rate } => Media::Audio(sample_rate),
+            }
+        }
+    }
+
+    impl From<Media> for call::Media {
+        fn from(media: Media) -> call::Media {
+            match media {
+                Media::Text => call::Media::Text,
+                Media::Audio(sample_rate) => call::Media::Audio { sample_rate },
+            }
+        }
+    }
+
+    impl From<call::Refused> for Refused {
+        fn from(refused: call::Refused) -> Refused {
+            match refused {
+                call::Refused::Ended => Refused::Ended,
+                call::Refused::Invalid => Refused::Invalid,
+                call::Refused::WrongMedia => Refused::WrongMedia,
+                call::Refused::OverLimit => Refused::OverLimit,
+                call::Refused::TimedOut => Refused::TimedOut,
+            }
+        }
+    }
+
+    impl From<ToolAnswer> for ToolResult {
+        fn from(answer: ToolAnswer) -> ToolResult {
+            ToolResult {
+                call_ref: answer.call_ref,
+                ok: answer.ok,
+                error: answer
+                    .error
+                    .map(|(code, message)| ToolError { code, message }),
+            }
+        }
+    }
+
+    // `Event` is the handler call's shape rather than the protocol's: it has `Restart`, which only the
+    // sandbox makes, and audio as the WIT's samples rather than the wire's bytes.
+    impl From<GuestEvent> for Event {
+        fn from(event: GuestEvent) -> Event {
+            match event {
+                GuestEvent::Start => Event::SessionStart,
+                GuestEvent::UserSaid { text, correction } => {
+                    Event::UserSaid(UserSaid { text, correction })
+                }
+                GuestEvent::Audio(samples) => Event::Audio(
+                    samples
+                        .chunks_exact(2)
+                        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+                        .collect(),
+                ),
+                GuestEvent::ToolResult(answer) => Event::ToolResult(answer.into()),
+                GuestEvent::Unknown { frame_type, json } => {
+                    Event::Frame(UnknownFrame { frame_type, json })
+                }
+                GuestEvent::End {
+                    reason,
+                    duration_ms,
+                } => Event::SessionEnd(SessionEnd {
+                    reason,
+                    duration_ms,
+                }),
+                GuestEvent::Lost => Event::SessionLost,
+            }
+        }
+    }
 }
 
 use wit::*;
@@ -102,10 +188,11 @@ impl Default for Limits {
     }
 }
 
-/// What a guest's imports reach: its call, on the host's side. The session implements it.
+/// What a guest's imports reach: its call, on the host's side. The call's task implements it
+/// (`agent/call_task.rs`).
 pub trait GuestImports: Send + Sync + 'static {
     /// The call the instance serves, as it started (the `info` import).
-    fn info(&self) -> Call;
+    fn info(&self) -> CallInfo;
     /// Speaks `text` on a text call (the `say` import): an `agent.say` frame. Resolves once it is queued
     /// for Sent (it may wait while Sent reads the call's backlog).
     fn say(

@@ -19,7 +19,7 @@
 //! most [`MAX_OPEN_REQUESTS`] requests and unread responses at once.
 
 use super::egress::{self, Reach};
-use super::limits::HTTP_BODY_CHUNK_BYTES;
+use super::limits::{self, HTTP_BODY_CHUNK_BYTES};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 use hyper::http::{self, HeaderMap, Method, StatusCode};
@@ -112,13 +112,13 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 pub const MAX_RESPONSE_BYTES: u64 = 64 << 20;
 
 impl Default for HttpPolicy {
-    /// Nothing allowed; 10 s and 1 MiB for when something is.
+    /// Nothing allowed; the limits' defaults (10 s and 1 MiB) for when something is.
     fn default() -> Self {
         HttpPolicy {
             allow: Vec::new(),
             allow_private: Vec::new(),
-            timeout: Duration::from_secs(10),
-            max_response_bytes: 1 << 20,
+            timeout: limits::HTTP_TIMEOUT,
+            max_response_bytes: limits::HTTP_MAX_RESPONSE_BYTES,
         }
     }
 }

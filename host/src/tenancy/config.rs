@@ -1,7 +1,7 @@
 //! `voicehost.toml`: where the host keeps its data, where the admin API listens, where Sent is, the tenants
 //! and their limits. Every table refuses unknown keys, so a typo is an error at start, not a silent default.
 
-use crate::agent::{ApiKey, Dial};
+use crate::agent::{ApiKey, Dial, SENT_URL};
 use crate::sandbox::limits::{self, ResolvedLimits};
 use crate::sandbox::outbound::{self, HttpPolicy, Origin};
 use crate::sandbox::CompileBounds;
@@ -505,11 +505,11 @@ pub fn token_sha256(token: &str) -> String {
 }
 
 fn default_sent_url() -> String {
-    "wss://voice.sent.dm/v1/agents/connect".into()
+    SENT_URL.into()
 }
 
 fn default_connections() -> usize {
-    1
+    limits::CONNECTIONS
 }
 
 /// The most connections to Sent one agent may keep (`connections`): more add nothing but sockets.

@@ -59,17 +59,35 @@ struct Running {
     agent_gate: Arc<Gate>,
 }
 
-/// Whether an agent's calls can reach it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+// One type for the tenancy and the admin API: `api/views.rs` serialises it as it is, and its doc comments
+// are the OpenAPI document's schema (hence in the API's words). Sent's reason for a refusal travels beside it
+// (see `Tenancy::status`), as the API's `status_detail` does.
+/// Whether an agent's calls can reach it: `inactive`, `connecting`, `serving` or `refused`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum AgentStatus {
     /// No active version: not connected.
     Inactive,
-    /// Connecting, or reconnecting with backoff.
+    /// Connecting to Sent, or reconnecting with backoff.
     Connecting,
     /// At least one connection to Sent is ready.
     Serving,
-    /// Sent refused the connection for a reason a person must fix (the key, the agent id).
-    Refused(String),
+    /// Sent refused the connection for a reason a person must fix (its `status_detail` says it).
+    Refused,
+}
+
+impl AgentStatus {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentStatus::Inactive => "inactive",
+            AgentStatus::Connecting => "connecting",
+            AgentStatus::Serving => "serving",
+            AgentStatus::Refused => "refused",
+        }
+    }
 }
 
 /// The refusal of a change whose version was deleted, replaced or rolled past while it was being loaded.
@@ -672,11 +690,12 @@ impl Tenancy {
             .collect()
     }
 
-    /// Whether the agent's calls can reach it.
-    pub fn status(&self, tenant: &str, agent: &str) -> AgentStatus {
+    /// Whether the agent's calls can reach it, with Sent's reason when it refused the agent (`Some` only
+    /// with [`AgentStatus::Refused`]).
+    pub fn status(&self, tenant: &str, agent: &str) -> (AgentStatus, Option<String>) {
         let running = self.running();
         let Some(running) = running.get(&key(tenant, agent)) else {
-            return AgentStatus::Inactive;
+            return (AgentStatus::Inactive, None);
         };
         if let Some(why) = running
             .refused
@@ -684,12 +703,12 @@ impl Tenancy {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
         {
-            return AgentStatus::Refused(why);
+            return (AgentStatus::Refused, Some(why));
         }
         if running.stats.connections_open.get() > 0 {
-            AgentStatus::Serving
+            (AgentStatus::Serving, None)
         } else {
-            AgentStatus::Connecting
+            (AgentStatus::Connecting, None)
         }
     }
 

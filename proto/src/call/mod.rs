@@ -93,6 +93,14 @@ impl Media {
         }
     }
 
+    /// An audio call's samples per second; `None` for a text call.
+    pub fn sample_rate(&self) -> Option<u32> {
+        match self {
+            Media::Text => None,
+            Media::Audio { sample_rate } => Some(*sample_rate),
+        }
+    }
+
     /// Bytes in `ms` milliseconds of audio, two per 16-bit sample (none for a text call).
     pub fn bytes_per(&self, ms: u32) -> usize {
         match self {
@@ -1119,7 +1127,7 @@ impl Call {
     /// The agent cannot serve the call: the guest gets no more events (but the last), and the failure
     /// policy runs once: a transfer, followed by a hangup if it fails; or a hangup.
     pub fn give_up(&mut self, now: Instant, fx: &mut Effects) {
-        self.abandon();
+        self.stop_events_but_the_end();
         if self.gave_up || self.finished() {
             return;
         }
@@ -1149,7 +1157,7 @@ impl Call {
     }
 
     /// The guest takes no more events; only the terminal one, when it comes.
-    pub fn abandon(&mut self) {
+    pub fn stop_events_but_the_end(&mut self) {
         if self.guest == Guest::Serving {
             self.guest = Guest::Terminal;
         }
@@ -1161,7 +1169,7 @@ impl Call {
     }
 
     /// The guest's task has stopped for good: nothing more is queued for it.
-    pub fn release(&mut self) {
+    pub fn guest_gone(&mut self) {
         self.guest = Guest::Gone;
         self.events.clear();
         self.audio_queued = 0;
@@ -1377,20 +1385,13 @@ fn window_of(window_ms: Option<i64>) -> Duration {
     Duration::from_millis(window_ms.map_or(15_000, |ms| ms.clamp(1, 24 * 3600 * 1000) as u64))
 }
 
+/// The `call_ref` the host issues for its `n`th tool call.
 fn call_ref(n: u64) -> String {
-    call_ref_of(n)
-}
-
-fn call_ref_of(n: u64) -> String {
     format!("t{n}")
 }
 
 /// The number of a `call_ref` the host issued: exactly `t<n>`, as written (`t01` is not `t1`).
-fn parse_call_ref(call_ref: &str) -> Option<u64> {
-    let n: u64 = call_ref
-        .strip_prefix('t')?
-        .parse()
-        .ok()
-        .filter(|n| *n > 0)?;
-    (call_ref_of(n) == call_ref).then_some(n)
+fn parse_call_ref(text: &str) -> Option<u64> {
+    let n: u64 = text.strip_prefix('t')?.parse().ok().filter(|n| *n > 0)?;
+    (call_ref(n) == text).then_some(n)
 }

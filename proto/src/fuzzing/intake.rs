@@ -174,7 +174,7 @@ pub mod op {
     pub const TOOL: u8 = 11;
     pub const SEND_AUDIO: u8 = 12;
     pub const GIVE_UP: u8 = 13;
-    pub const RELEASE: u8 = 14;
+    pub const GUEST_GONE: u8 = 14;
     /// Sent answers a call where it is: a call byte, a kind byte, its fields.
     pub const REPLY: u8 = 15;
     /// New rules for new calls: a limits byte, a policy byte.
@@ -271,7 +271,7 @@ enum ConnState {
 enum GuestState {
     Serving,
     GaveUp,
-    Released,
+    Gone,
 }
 
 /// What the harness saw of one call.
@@ -404,7 +404,7 @@ impl Harness {
             .filter(|k| match self.calls[k].guest {
                 GuestState::Serving => true,
                 GuestState::GaveUp => gave_up_too,
-                GuestState::Released => false,
+                GuestState::Gone => false,
             })
             .collect();
         (!keys.is_empty()).then(|| keys[choice as usize % keys.len()])
@@ -619,15 +619,15 @@ impl Harness {
                 }
                 "give_up"
             }
-            op::RELEASE => {
+            op::GUEST_GONE => {
                 if let Some(key) = self.guest_call(input.u8(), true) {
-                    self.note(format!("release {key:?}"));
+                    self.note(format!("guest gone on {key:?}"));
                     if let Some(seen) = self.calls.get_mut(&key) {
-                        seen.guest = GuestState::Released;
+                        seen.guest = GuestState::Gone;
                     }
-                    self.router.handle_release(key);
+                    self.router.handle_guest_gone(key);
                 }
-                "release"
+                "guest_gone"
             }
             op::REPLY => {
                 let choice = input.u8();
@@ -1549,7 +1549,7 @@ impl Harness {
             });
         }
         for key in self.keys.clone() {
-            if self.calls[&key].guest == GuestState::Released {
+            if self.calls[&key].guest == GuestState::Gone {
                 continue;
             }
             for _ in 0..100_000 {

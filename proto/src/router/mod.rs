@@ -560,8 +560,8 @@ impl Router {
     }
 
     /// The call's task has stopped: the call is forgotten once it is finished.
-    pub fn handle_release(&mut self, key: CallKey) {
-        self.with_call(key, |call, _| call.release());
+    pub fn handle_guest_gone(&mut self, key: CallKey) {
+        self.with_call(key, |call, _| call.guest_gone());
     }
 
     // ----- inside -----

@@ -97,20 +97,14 @@ impl Hosting {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = format!("http://{}", listener.local_addr().unwrap());
         // The admin listener `serve` uses, with the config's `[admin]` limits.
-        let api = tokio::spawn({
-            let tenancy = tenancy.clone();
-            async move {
-                voicehost::api::serve(
-                    listener,
-                    tenancy,
-                    &parsed.admin,
-                    None,
-                    std::future::pending(),
-                )
-                .await
-            }
-        });
-        tenancy.start().await;
+        let api = voicehost::api::start_serving(
+            &tenancy,
+            listener,
+            &parsed.admin,
+            None,
+            std::future::pending(),
+        )
+        .await;
         Hosting {
             sim,
             tenancy,

@@ -5,13 +5,13 @@ use sentsim::sim::CONFORMANCE_AGENT;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use voicehost::sandbox::wit::{Call, Direction, Level, Media, Party, Refused, ToolResult};
+use voicehost::sandbox::wit::{CallInfo, Direction, Level, Media, Party, Refused, ToolResult};
 use voicehost::sandbox::GuestImports;
 
 /// The host side of an audio call at 16 kHz that records nothing: `say`, `save` and the rest succeed and
 /// are forgotten, `tool` is refused as ended, `load` finds nothing.
 pub struct Quiet {
-    call: Call,
+    info: CallInfo,
 }
 
 impl Quiet {
@@ -22,7 +22,7 @@ impl Quiet {
             value: Some(value.into()),
         };
         Arc::new(Quiet {
-            call: Call {
+            info: CallInfo {
                 session_id: "vs_quiet".into(),
                 call_id: "call_quiet".into(),
                 agent_id: CONFORMANCE_AGENT.into(),
@@ -40,8 +40,8 @@ impl Quiet {
 }
 
 impl GuestImports for Quiet {
-    fn info(&self) -> Call {
-        self.call.clone()
+    fn info(&self) -> CallInfo {
+        self.info.clone()
     }
 
     fn say(

@@ -94,6 +94,9 @@ impl fmt::Display for ApiKey {
     }
 }
 
+/// Sent's endpoint for agents: where `run` and `serve` connect unless told otherwise.
+pub const SENT_URL: &str = "wss://voice.sent.dm/v1/agents/connect";
+
 /// Where and as whom to connect. Its `Debug` does not show the key.
 #[derive(Debug, Clone)]
 pub struct Dial {

@@ -1,12 +1,12 @@
 //! One call's task: it feeds the call's events to its guest, one at a time, in the order Sent's frames
 //! arrived; it replaces a trapped instance with a fresh one; it asks for the failure policy when the agent
-//! cannot serve the call. The guest's imports ([`Port`]) reach the call's state machine through the
+//! cannot serve the call. The guest's imports ([`CallImports`]) reach the call's state machine through the
 //! agent's lock; what the protocol allows is decided there, not here.
 
 use super::admission::Permit;
 use super::{Agent, Deployment, FailurePolicy};
 use crate::sandbox::limits;
-use crate::sandbox::wit::{self, Call as CallInfo, Direction, Level, Party};
+use crate::sandbox::wit::{self, CallInfo, Direction, Level, Party};
 use crate::sandbox::{Event, GuestImports, Instance, Limits, Outcome, TrapKind};
 use crate::stats::{LiveSession, Stats};
 use sentdm_voice_agents::frames::{AgentClear, AgentSay, SessionStart};
@@ -17,9 +17,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
-use voicehost_proto::call::{
-    CallKey, CallLimits, GuestEvent, Media, NotNow, Refused, ToolAnswer, TrapWindow,
-};
+use voicehost_proto::call::{CallKey, CallLimits, GuestEvent, Media, NotNow, TrapWindow};
 use voicehost_proto::wire::{frames, Frame};
 
 /// The rules one agent's calls run under.
@@ -47,13 +45,13 @@ impl Default for CallRules {
             trap_window: limits::TRAP_WINDOW,
             policy: FailurePolicy::HangUp,
             call: CallLimits::default(),
-            state_bytes: 64 << 10,
+            state_bytes: limits::STATE_BYTES,
         }
     }
 }
 
 /// What one call's guest reaches through its imports.
-struct Port {
+struct CallImports {
     agent: Arc<Agent>,
     key: CallKey,
     info: CallInfo,
@@ -63,7 +61,7 @@ struct Port {
     stats: Arc<Stats>,
 }
 
-impl Port {
+impl CallImports {
     /// A counted frame of the guest's, checked by the codec before the call's machine sees it. While the
     /// call has as many frames unwritten as may be and Sent is reading, it waits for the writer (the
     /// call's wall-clock bound covers the wait); the machine says when that stops.
@@ -83,7 +81,7 @@ impl Port {
                     shared.report(key, now);
                     match shared.router.handle_send(now, key, &frame, text.clone()) {
                         Ok(()) => Ok(None),
-                        Err(NotNow::Refused(why)) => Err(refused(why)),
+                        Err(NotNow::Refused(why)) => Err(wit::Refused::from(why)),
                         Err(NotNow::Wait(until)) => Ok(Some(until)),
                     }
                 })?;
@@ -118,7 +116,7 @@ fn saved_bytes(key: &str, value: &[u8]) -> usize {
     PER_ENTRY + key.len() + value.len()
 }
 
-impl GuestImports for Port {
+impl GuestImports for CallImports {
     fn info(&self) -> CallInfo {
         self.info.clone()
     }
@@ -178,7 +176,7 @@ impl GuestImports for Port {
                             shared.waiters.insert((key, call_ref), answer);
                             Ok(Ok(waiting))
                         }
-                        Err(NotNow::Refused(why)) => Err(refused(why)),
+                        Err(NotNow::Refused(why)) => Err(wit::Refused::from(why)),
                         Err(NotNow::Wait(until)) => Ok(Err(until)),
                     }
                 })?;
@@ -190,8 +188,8 @@ impl GuestImports for Port {
             // The tool's deadline may be the router's next one.
             agent.timers.notify_one();
             match answer.await {
-                Ok(Ok(answer)) => Ok(tool_result(answer)),
-                Ok(Err(error)) => Err(refused(error)),
+                Ok(Ok(answer)) => Ok(answer.into()),
+                Ok(Err(error)) => Err(error.into()),
                 Err(_) => Err(wit::Refused::Ended),
             }
         })
@@ -235,53 +233,6 @@ impl GuestImports for Port {
     }
 }
 
-fn refused(refused: Refused) -> wit::Refused {
-    match refused {
-        Refused::Ended => wit::Refused::Ended,
-        Refused::Invalid => wit::Refused::Invalid,
-        Refused::WrongMedia => wit::Refused::WrongMedia,
-        Refused::OverLimit => wit::Refused::OverLimit,
-        Refused::TimedOut => wit::Refused::TimedOut,
-    }
-}
-
-fn tool_result(answer: ToolAnswer) -> wit::ToolResult {
-    wit::ToolResult {
-        call_ref: answer.call_ref,
-        ok: answer.ok,
-        error: answer
-            .error
-            .map(|(code, message)| wit::ToolError { code, message }),
-    }
-}
-
-fn event_of(event: GuestEvent) -> Event {
-    match event {
-        GuestEvent::Start => Event::SessionStart,
-        GuestEvent::UserSaid { text, correction } => {
-            Event::UserSaid(wit::UserSaid { text, correction })
-        }
-        GuestEvent::Audio(samples) => Event::Audio(
-            samples
-                .chunks_exact(2)
-                .map(|b| i16::from_le_bytes([b[0], b[1]]))
-                .collect(),
-        ),
-        GuestEvent::ToolResult(answer) => Event::ToolResult(tool_result(answer)),
-        GuestEvent::Unknown { frame_type, json } => {
-            Event::Frame(wit::UnknownFrame { frame_type, json })
-        }
-        GuestEvent::End {
-            reason,
-            duration_ms,
-        } => Event::SessionEnd(wit::SessionEnd {
-            reason,
-            duration_ms,
-        }),
-        GuestEvent::Lost => Event::SessionLost,
-    }
-}
-
 fn info_of(start: &SessionStart, media: Media) -> CallInfo {
     let party = |p: &frames::Party| Party {
         kind: p.kind.clone(),
@@ -298,10 +249,7 @@ fn info_of(start: &SessionStart, media: Media) -> CallInfo {
         },
         from: party(&start.from),
         to: party(&start.to),
-        media: match media {
-            Media::Text => wit::Media::Text,
-            Media::Audio { sample_rate } => wit::Media::Audio(sample_rate),
-        },
+        media: media.into(),
         language: start.language.clone(),
         context: start
             .context
@@ -313,16 +261,16 @@ fn info_of(start: &SessionStart, media: Media) -> CallInfo {
 }
 
 /// A call's task has stopped: its machine is told, and forgets the call once it is finished.
-struct Released {
+struct GoneOnDrop {
     agent: Arc<Agent>,
     key: CallKey,
 }
 
-impl Drop for Released {
+impl Drop for GoneOnDrop {
     fn drop(&mut self) {
         let key = self.key;
         self.agent.with(|shared| {
-            shared.router.handle_release(key);
+            shared.router.handle_guest_gone(key);
             shared.wakers.remove(&key);
             shared.waiters.retain(|(k, _), _| *k != key);
         });
@@ -331,7 +279,7 @@ impl Drop for Released {
 
 /// A call being served: listed live, holding its room under its caps, until dropped.
 struct Serving {
-    _released: Released,
+    _gone: GoneOnDrop,
     stats: Arc<Stats>,
     session_id: String,
     _permit: Permit,
@@ -370,7 +318,7 @@ pub(super) async fn run(
             "over the session cap: applying the failure policy"
         );
         stats.sessions_refused.inc();
-        let _released = Released {
+        let _gone = GoneOnDrop {
             agent: agent.clone(),
             key,
         };
@@ -380,13 +328,13 @@ pub(super) async fn run(
     stats.live_start(
         &session_id,
         LiveSession {
-            call: info.clone(),
+            info: info.clone(),
             version: deployment.version,
         },
     );
     // Off the live list, out of its caps, and forgotten by the router however the task ends.
     let _serving = Serving {
-        _released: Released {
+        _gone: GoneOnDrop {
             agent: agent.clone(),
             key,
         },
@@ -394,7 +342,7 @@ pub(super) async fn run(
         session_id: session_id.clone(),
         _permit: permit,
     };
-    let port: Arc<dyn GuestImports> = Arc::new(Port {
+    let imports: Arc<dyn GuestImports> = Arc::new(CallImports {
         agent,
         key,
         info,
@@ -403,7 +351,7 @@ pub(super) async fn run(
         state_bytes: deployment.rules.state_bytes,
         stats,
     });
-    match Instance::new(&deployment.code, port, deployment.rules.limits.clone()).await {
+    match Instance::new(&deployment.code, imports, deployment.rules.limits.clone()).await {
         Ok(instance) => task.serve(instance).await,
         Err(error) => {
             tracing::error!(session = session_id, error = %format!("{error:#}"), "the agent could not be instantiated");
@@ -458,7 +406,7 @@ impl Task {
         let mut traps = TrapWindow::new(self.rules.max_traps, self.rules.trap_window);
         while let Some(event) = self.next().await {
             let last = matches!(event, GuestEvent::End { .. } | GuestEvent::Lost);
-            let mut next = Some(event_of(event));
+            let mut next = Some(Event::from(event));
             while let Some(event) = next.take() {
                 let started = Instant::now();
                 let outcome = instance.call(&event).await;
