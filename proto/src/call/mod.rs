@@ -1386,7 +1386,7 @@ fn window_of(window_ms: Option<i64>) -> Duration {
 }
 
 /// The `call_ref` the host issues for its `n`th tool call.
-fn call_ref(n: u64) -> String {
+pub(crate) fn call_ref(n: u64) -> String {
     format!("t{n}")
 }
 

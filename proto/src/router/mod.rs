@@ -751,7 +751,7 @@ impl Router {
     fn hang_up_stray(&mut self, conn: ConnId, session_id: &str, tools: u64) {
         let hangup = Frame::ToolCall(ToolCall {
             session_id: session_id.to_string(),
-            call_ref: format!("t{}", tools.saturating_add(1)),
+            call_ref: call::call_ref(tools.saturating_add(1)),
             name: "hangup".into(),
             arguments: None,
         });
