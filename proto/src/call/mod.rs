@@ -1133,9 +1133,21 @@ impl Call {
         }
         self.gave_up = true;
         fx.stats.policies_applied += 1;
-        // The guest's tool calls still waiting end here: its handler hears `ended`, and the policy's own
-        // tool call is the only one of the call's that waits (an `error` refusing a `tool.call` names no
-        // call, so it can only be that one's).
+        // The guest's tool calls still waiting end here, so that the policy's own tool call is the only
+        // one of the call's that waits (an `error` refusing a `tool.call` names no call, so it can only be
+        // that one's).
+        self.end_guest_tools(fx);
+        match self.policy.clone() {
+            FailurePolicy::HangUp => self.issue_tool("hangup", None, Owner::HostHangup, now, fx),
+            FailurePolicy::Transfer { to } => {
+                let arguments = to.arguments();
+                self.issue_tool("transfer", Some(arguments), Owner::PolicyTransfer, now, fx);
+            }
+        }
+    }
+
+    /// The guest's waiting tool calls are answered `ended`; the host's own wait on.
+    fn end_guest_tools(&mut self, fx: &mut Effects) {
         for waiting in std::mem::take(&mut self.waiting) {
             if waiting.owner == Owner::Guest {
                 fx.out.push_back(Output::Answer {
@@ -1145,13 +1157,6 @@ impl Call {
                 });
             } else {
                 self.waiting.push(waiting);
-            }
-        }
-        match self.policy.clone() {
-            FailurePolicy::HangUp => self.issue_tool("hangup", None, Owner::HostHangup, now, fx),
-            FailurePolicy::Transfer { to } => {
-                let arguments = to.arguments();
-                self.issue_tool("transfer", Some(arguments), Owner::PolicyTransfer, now, fx);
             }
         }
     }
@@ -1353,15 +1358,8 @@ impl Call {
             });
         }
         self.state = state;
-        for waiting in std::mem::take(&mut self.waiting) {
-            if waiting.owner == Owner::Guest {
-                fx.out.push_back(Output::Answer {
-                    key: self.key,
-                    call_ref: call_ref(waiting.n),
-                    answer: Err(Refused::Ended),
-                });
-            }
-        }
+        self.end_guest_tools(fx);
+        self.waiting.clear();
         let before = self.events.len();
         self.events.retain(|e| !matches!(e, GuestEvent::Audio(_)));
         for _ in self.events.len()..before {
