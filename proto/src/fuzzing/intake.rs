@@ -1224,7 +1224,8 @@ impl Harness {
                 }) => {
                     self.writable(conn, "a frame");
                     if key == STRAY_HANGUP {
-                        // A session Sent resumed that no call waits for: only a hangup may go.
+                        // A session no call serves (resumed for nobody, or a start the host cannot
+                        // take): only a hangup may go.
                         let hangup = frames::decode(&text)
                             .is_ok_and(|f| matches!(&f, Frame::ToolCall(t) if t.name == "hangup"));
                         if !hangup {
