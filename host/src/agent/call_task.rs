@@ -70,27 +70,38 @@ impl CallImports {
         let key = self.key;
         Box::pin(async move {
             let text = frames::encode_to_string(&frame).map_err(|_| wit::Refused::Invalid)?;
-            loop {
-                let outbox = agent.outbox_of(key);
-                let mut wrote = outbox.as_ref().map(|o| Box::pin(o.wrote()));
-                if let Some(wrote) = wrote.as_mut() {
-                    wrote.as_mut().enable();
-                }
-                let waiting = agent.with(|shared| {
-                    let now = Instant::now();
-                    shared.report(key, now);
-                    match shared.router.handle_send(now, key, &frame, text.clone()) {
-                        Ok(()) => Ok(None),
-                        Err(NotNow::Refused(why)) => Err(wit::Refused::from(why)),
-                        Err(NotNow::Wait(until)) => Ok(Some(until)),
-                    }
-                })?;
-                let Some(until) = waiting else {
-                    return Ok(());
-                };
-                room(until, wrote).await;
-            }
+            with_room(&agent, key, |shared, now| {
+                shared.router.handle_send(now, key, &frame, text.clone())
+            })
+            .await
         })
+    }
+}
+
+/// Runs `attempt` on the router (with the writer's progress reported first) until it is done or refused:
+/// while the router says to wait, waits for the call's connection to write more, or for the moment it
+/// names.
+async fn with_room<T>(
+    agent: &Arc<Agent>,
+    key: CallKey,
+    mut attempt: impl FnMut(&mut super::Shared, Instant) -> Result<T, NotNow>,
+) -> Result<T, wit::Refused> {
+    loop {
+        let outbox = agent.outbox_of(key);
+        let mut wrote = outbox.as_ref().map(|o| Box::pin(o.wrote()));
+        if let Some(wrote) = wrote.as_mut() {
+            wrote.as_mut().enable();
+        }
+        let result = agent.with(|shared| {
+            let now = Instant::now();
+            shared.report(key, now);
+            attempt(shared, now)
+        });
+        match result {
+            Ok(done) => return Ok(done),
+            Err(NotNow::Refused(why)) => return Err(wit::Refused::from(why)),
+            Err(NotNow::Wait(until)) => room(until, wrote).await,
+        }
     }
 }
 
@@ -158,33 +169,16 @@ impl GuestImports for CallImports {
             // Issued once there is room (as `say` waits), then answered exactly once by the call's
             // machine: Sent's result, `ended` or `timed-out`. A dropped sender only happens when the agent
             // has stopped.
-            let answer = loop {
-                let outbox = agent.outbox_of(key);
-                let mut wrote = outbox.as_ref().map(|o| Box::pin(o.wrote()));
-                if let Some(wrote) = wrote.as_mut() {
-                    wrote.as_mut().enable();
-                }
-                let issued = agent.with(|shared| {
-                    let now = Instant::now();
-                    shared.report(key, now);
-                    match shared
+            let answer = with_room(&agent, key, |shared, now| {
+                let call_ref =
+                    shared
                         .router
-                        .handle_tool(now, key, name.clone(), arguments.as_deref())
-                    {
-                        Ok(call_ref) => {
-                            let (answer, waiting) = oneshot::channel();
-                            shared.waiters.insert((key, call_ref), answer);
-                            Ok(Ok(waiting))
-                        }
-                        Err(NotNow::Refused(why)) => Err(wit::Refused::from(why)),
-                        Err(NotNow::Wait(until)) => Ok(Err(until)),
-                    }
-                })?;
-                match issued {
-                    Ok(waiting) => break waiting,
-                    Err(until) => room(until, wrote).await,
-                }
-            };
+                        .handle_tool(now, key, name.clone(), arguments.as_deref())?;
+                let (answer, waiting) = oneshot::channel();
+                shared.waiters.insert((key, call_ref), answer);
+                Ok(waiting)
+            })
+            .await?;
             // The tool's deadline may be the router's next one.
             agent.timers.notify_one();
             match answer.await {
