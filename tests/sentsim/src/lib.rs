@@ -32,7 +32,10 @@ pub mod record;
 pub mod scenarios;
 pub mod sim;
 pub mod suite;
-pub mod wire;
+
+/// Sent's side as a sans-IO model, which [`Sim`] drives on sockets.
+pub use sentsim_model as model;
+pub use sentsim_model::wire;
 
 pub use record::{Dir, Record, Recorder, Violation, What};
 pub use sim::{

@@ -8,53 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// Which way a record went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dir {
-    /// Sent → agent.
-    ToAgent,
-    /// Agent → Sent.
-    FromAgent,
-}
-
-/// What happened.
-#[derive(Debug, Clone, PartialEq)]
-pub enum What {
-    /// A handshake was accepted: the connection is open.
-    Opened,
-    /// A handshake was refused with this HTTP status.
-    Refused {
-        /// The HTTP status: 400, 401, 403 or 404 for a faulty handshake, or whatever a
-        /// [`crate::ConnPlan`] asked for.
-        status: u16,
-    },
-    /// A frame, valid for the protocol. `counted` says whether it counts towards `received`.
-    Frame {
-        /// The frame's `type`, such as `agent.say`.
-        frame_type: String,
-        /// The whole frame as it went over the wire.
-        json: Value,
-        /// Whether it is a session frame of a counted type: one that moves the receiver's `received`.
-        counted: bool,
-    },
-    /// A binary audio message.
-    Audio {
-        /// The stream number from the message's 2-byte header: which session's audio it is.
-        stream: u16,
-        /// The audio bytes after the header, 16-bit samples as they went over the wire.
-        samples: Vec<u8>,
-    },
-    /// Text the simulator sent as is (invalid on purpose), or the agent sent and Sent refused.
-    Raw {
-        /// The text as it went over the wire.
-        text: String,
-    },
-    /// The connection closed; `how` says who closed it and how.
-    Closed {
-        /// Who closed it and how, such as "dropped by Sent" or "closed by the agent with 1000".
-        how: String,
-    },
-}
+pub use sentsim_model::{Dir, What};
 
 /// One thing the simulator saw.
 #[derive(Debug, Clone)]
