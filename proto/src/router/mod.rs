@@ -708,16 +708,21 @@ impl Router {
             // serves: one given up after an unanswered resume, or one never asked for. Nobody would serve
             // it: it is hung up.
             _ => {
-                let tools = match call {
-                    Some(call) => Some(call.tools_issued()),
-                    None => self.recent_ids.get(&resumed.session_id).copied(),
-                };
+                // After every call_ref the session has had: its call's, and an earlier stray hangup's (a
+                // call_ref is unique within a session).
+                let issued = call.map_or(0, Call::tools_issued).max(
+                    self.recent_ids
+                        .get(&resumed.session_id)
+                        .copied()
+                        .unwrap_or(0),
+                );
                 tracing::warn!(
                     conn,
                     session = resumed.session_id,
                     "Sent resumed a session no call waits for: hanging it up"
                 );
-                self.hang_up_stray(conn, &resumed.session_id, tools.unwrap_or(0));
+                self.hang_up_stray(conn, &resumed.session_id, issued);
+                self.remember(resumed.session_id, issued + 1);
                 return;
             }
         }
@@ -909,8 +914,13 @@ impl Router {
     /// Keeps a finished call's session id for a while, within bounds, with the tool calls it issued.
     fn remember(&mut self, session_id: String, tools: u64) {
         self.forget_old(RECENT_SESSIONS - 1);
-        if self.recent_ids.insert(session_id.clone(), tools).is_none() {
-            self.recent.push_back((self.now, session_id));
+        match self.recent_ids.get_mut(&session_id) {
+            // The most the session has had: a stray hangup may have come after its call's.
+            Some(issued) => *issued = (*issued).max(tools),
+            None => {
+                self.recent_ids.insert(session_id.clone(), tools);
+                self.recent.push_back((self.now, session_id));
+            }
         }
     }
 

@@ -3,8 +3,10 @@
 //! answered (with or without a new stream), refused (`connection_full`, `resume_failed`) or never
 //! answered, duplicate starts, tool calls answered, refused or left to time out, and the clock.
 //!
-//! Messages between the model and the router travel in per-connection queues in both directions, so a
-//! drop loses what was in flight, and every delivery order the actions pick is one a network could give.
+//! Sent is the one model of Sent's side ([`sentsim_model::Sent`], which the simulator drives on sockets);
+//! this world puts the network between it and the router. Messages travel in per-connection queues in
+//! both directions, so a drop loses what was in flight, and every delivery order the actions pick is one a
+//! network could give.
 //! The queue towards Sent stands for the connection's outbox and socket together: a retraction takes
 //! back what is still in it.
 //!
@@ -36,11 +38,9 @@
 use super::*;
 use crate::wire::{frames, read_text, FromSent};
 use proptest::prelude::*;
-use sentdm_voice_agents::frames::{
-    AgentSay, ConnectionDraining, ErrorInfo, Ping, Resume, SessionEnd, SessionResumedAudio,
-    ToolResult, UnknownFrame, UserSaid,
-};
-use serde_json::{Map, Value};
+use sentdm_voice_agents::frames::{AgentSay, Resume, SessionResumedAudio};
+use sentsim_model::{self as model, Sent};
+use serde_json::Value;
 use std::collections::BTreeMap;
 
 const WINDOW_MS: i64 = 3000;
@@ -62,18 +62,9 @@ enum GuestOp {
     GiveUp,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ResumePlan {
-    Answer,
-    /// `session.resumed` without a stream for an audio call.
-    NoStream,
-    Full,
-    Failed,
-    /// Never answered.
-    Ignore,
-    /// Answered with a stream number another call has on that connection (Sent's mistake).
-    CollidingStream,
-}
+/// How Sent answers the next resume: the model's plans ([`model::ResumePlan::Hold`] is a resume never
+/// answered).
+type ResumePlan = model::ResumePlan;
 
 #[derive(Debug, Clone)]
 enum Action {
@@ -181,7 +172,7 @@ fn action() -> impl Strategy<Value = Action> {
             Just(ResumePlan::NoStream),
             Just(ResumePlan::Full),
             Just(ResumePlan::Failed),
-            Just(ResumePlan::Ignore),
+            Just(ResumePlan::Hold),
             Just(ResumePlan::CollidingStream),
         ]
         .prop_map(Action::NextResume),
@@ -200,13 +191,15 @@ fn action() -> impl Strategy<Value = Action> {
     ]
 }
 
-// ----- the model of Sent -----
+// ----- the network, and what the world keeps of Sent's side -----
 
 /// A message towards the agent.
 #[derive(Debug, Clone)]
 enum ToAgent {
     Text(String),
     Audio(u16, Bytes),
+    /// Sent's close frame (a drained connection left empty): the connection ends when it arrives.
+    Close,
 }
 
 struct SConn {
@@ -217,41 +210,18 @@ struct SConn {
     /// last took anything.
     written: HashMap<CallKey, u64>,
     last_read: Instant,
-    draining: bool,
-    next_stream: u16,
-    max_sessions: usize,
-    /// New streams take the lowest number free (see [`Action::ReuseStreams`]).
-    reuse_streams: bool,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum SState {
-    Attached { conn: ConnId, stream: Option<u16> },
-    Detached { since: Instant },
-    Ended,
-    Lost,
-}
-
-struct SSess {
+/// What the world keeps of a session besides the model: what its guest should hear, and what Sent
+/// accepted of its guest's frames.
+#[derive(Default)]
+struct Script {
     id: String,
-    audio: bool,
-    state: SState,
-    token: Option<String>,
     /// Sent's counted frames for the session, each as what the guest should hear (or `None`: not for
     /// the guest, the end or an answer to the host's own tool call).
-    sent: Vec<(String, Option<(String, String)>)>,
+    sent: Vec<Option<(String, String)>>,
     /// The agent's counted frames Sent read, as (kind, detail).
     accepted: Vec<(String, String)>,
-    /// Tool calls Sent read and has not answered: (call_ref, name).
-    pending_tools: VecDeque<(String, String)>,
-    refuse_next_tool: bool,
-    ended: bool,
-    /// Every (connection, stream) the session ever had.
-    streams: Vec<(ConnId, u16)>,
-    start_text: String,
-    /// Why Sent gave the call up, once it has: a refused resume (Sent's), or the agent's clean close of
-    /// its connection (the host's doing, unless nothing needed it).
-    lost_why: Option<&'static str>,
 }
 
 /// What the model knows the router was told about a call.
@@ -289,14 +259,17 @@ struct World {
     conns: BTreeMap<ConnId, SConn>,
     closed: Vec<ConnId>,
     dials: VecDeque<(ConnId, Instant)>,
-    sessions: Vec<SSess>,
-    plans: VecDeque<ResumePlan>,
+    /// Sent's side.
+    sent: Sent,
+    /// The session frames Sent sent since the world last looked: (session, type, error code).
+    replies: Vec<(String, String, String)>,
+    /// Every session Sent started, in order.
+    scripts: Vec<Script>,
     keys: HashMap<String, CallKey>,
     told: HashMap<CallKey, Told>,
     guests: HashMap<CallKey, Guest>,
     /// The connection a `session.start` was last delivered on, for the `Spawn` it brings.
     started_on: Option<(ConnId, Option<u16>)>,
-    next_token: u64,
     next_text: u64,
     violations: Vec<String>,
     /// How often each situation came up, so that a test can tell the model reaches them all.
@@ -326,13 +299,19 @@ impl World {
             conns: BTreeMap::new(),
             closed: Vec::new(),
             dials: VecDeque::new(),
-            sessions: Vec::new(),
-            plans: VecDeque::new(),
+            sent: Sent::new(model::Config {
+                heartbeat_interval_ms: 1000,
+                window_ms: WINDOW_MS as u64,
+                // The world answers tool calls when its actions say.
+                tools: model::ToolPlan::Hold,
+                ..model::Config::default()
+            }),
+            scripts: Vec::new(),
+            replies: Vec::new(),
             keys: HashMap::new(),
             told: HashMap::new(),
             guests: HashMap::new(),
             started_on: None,
-            next_token: 0,
             next_text: 0,
             violations: Vec::new(),
             seen: BTreeMap::new(),
@@ -355,12 +334,86 @@ impl World {
     }
 
     fn session_at(&self, n: u8) -> Option<usize> {
-        (!self.sessions.is_empty()).then(|| n as usize % self.sessions.len())
+        (!self.scripts.is_empty()).then(|| n as usize % self.scripts.len())
     }
 
-    fn token(&mut self) -> String {
-        self.next_token += 1;
-        format!("vsr_model{:024}", self.next_token)
+    /// What Sent knows of session `at`.
+    fn sess(&self, at: usize) -> &model::Session {
+        self.sent
+            .session(&self.scripts[at].id)
+            .expect("Sent keeps every session the world started")
+    }
+
+    /// Hands what Sent put out to the network (its messages) and to the checks (what it accepted, what it
+    /// found the agent doing wrong).
+    fn pump(&mut self) {
+        while let Some(transmit) = self.sent.poll_transmit() {
+            let conn = ConnId::from(transmit.conn);
+            let message = match transmit.message {
+                model::Message::Text(text) => ToAgent::Text(text),
+                model::Message::Binary(data) => {
+                    let stream = u16::from_be_bytes([data[0], data[1]]);
+                    ToAgent::Audio(stream, Bytes::copy_from_slice(&data[2..]))
+                }
+                model::Message::Close(_) => ToAgent::Close,
+                // The world drops connections itself ([`World::sent_drops`]).
+                model::Message::Kill => continue,
+            };
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.to_agent.push_back(message);
+            }
+        }
+        while let Some(event) = self.sent.poll_event() {
+            match event {
+                model::Event::Violation {
+                    conn,
+                    session,
+                    message,
+                } => self.violation(format!(
+                    "Sent on connection {conn} ({session:?}) found the agent at fault: {message}"
+                )),
+                model::Event::Record {
+                    dir: model::Dir::FromAgent,
+                    session: Some(id),
+                    what:
+                        model::What::Frame {
+                            json,
+                            counted: true,
+                            ..
+                        },
+                    ..
+                } => {
+                    let detail = |field: &str| json[field].as_str().unwrap_or_default().to_string();
+                    let entry = match json["type"].as_str() {
+                        Some("agent.say") => ("say".to_string(), detail("text")),
+                        Some("tool.call") => ("tool".to_string(), detail("call_ref")),
+                        Some("agent.clear") => ("clear".to_string(), String::new()),
+                        other => {
+                            self.violation(format!("Sent accepted an unexpected {other:?}"));
+                            continue;
+                        }
+                    };
+                    if let Some(at) = self.scripts.iter().position(|s| s.id == id) {
+                        self.scripts[at].accepted.push(entry);
+                        self.check_accepted(at);
+                    }
+                }
+                model::Event::Record {
+                    dir: model::Dir::ToAgent,
+                    session: Some(session),
+                    what: model::What::Frame { json, .. },
+                    ..
+                } => {
+                    let kind = json["type"].as_str().unwrap_or_default().to_string();
+                    let code = json["error"]["code"].as_str().unwrap_or_default();
+                    if code == "tool_not_allowed" {
+                        self.saw("tool refused");
+                    }
+                    self.replies.push((session, kind, code.to_string()));
+                }
+                model::Event::Record { .. } => {}
+            }
+        }
     }
 
     fn text(&mut self, prefix: &str) -> String {
@@ -373,6 +426,7 @@ impl World {
     fn deliver(&mut self, conn: ConnId, message: ToAgent) {
         let now = self.now;
         match message {
+            ToAgent::Close => return self.sent_drops(conn),
             ToAgent::Audio(stream, samples) => self.router.handle_audio(now, conn, stream, samples),
             ToAgent::Text(text) => match read_text(&text) {
                 Ok(FromSent::Ping(ts)) => self.router.handle_ping(now, conn, ts),
@@ -429,11 +483,7 @@ impl World {
         let unresumable: Vec<CallKey> = self
             .keys
             .iter()
-            .filter(|(id, _)| {
-                self.sessions
-                    .iter()
-                    .any(|s| s.id == **id && s.token.is_none())
-            })
+            .filter(|(id, _)| self.sent.session(id).is_some_and(|s| s.token.is_none()))
             .map(|(_, key)| *key)
             .collect();
         for (key, told) in self.told.iter_mut() {
@@ -581,12 +631,9 @@ impl World {
 
     /// The agent closed `conn` with 1000: Sent sends its calls to their fallback at once.
     fn sent_sees_close_1000(&mut self, conn: ConnId) {
-        for sess in &mut self.sessions {
-            if matches!(sess.state, SState::Attached { conn: c, .. } if c == conn) {
-                sess.state = SState::Lost;
-                sess.lost_why = Some("the agent closed its connection with 1000");
-            }
-        }
+        let how = "closed by the agent with 1000";
+        self.sent.handle_closed(self.now, conn as u32, how, true);
+        self.pump();
     }
 
     /// [The invariant the host is held to] The host never loses a call unless the guest gave up, Sent
@@ -634,17 +681,14 @@ impl World {
         let gave_up = self.guests.get(&key).is_some_and(|g| g.gave_up);
         let told = self.told.get(&key).cloned().unwrap_or_default();
         let now = self.now;
-        let Some(sess) = self.sessions.iter().find(|s| s.id == id) else {
+        let Some(sess) = self.sent.session(&id) else {
             return;
         };
-        let sent_side = match (&sess.state, sess.lost_why) {
-            (SState::Lost, Some(why)) if why.starts_with("Sent") => Some(why),
-            (SState::Detached { since }, _)
-                if now.duration_since(*since) >= Duration::from_millis(WINDOW_MS as u64) =>
-            {
-                Some("the window passed")
-            }
-            (SState::Ended, _) => Some("it ended"),
+        let window = Duration::from_millis(WINDOW_MS as u64);
+        let sent_side = match (sess.lost, sess.detached_at) {
+            (Some(why), _) if why.starts_with("Sent") => Some(why),
+            (None, Some(since)) if now.duration_since(since) >= window => Some("the window passed"),
+            (None, None) if sess.ended.is_some() => Some("it ended"),
             _ => None,
         };
         let excused =
@@ -652,10 +696,8 @@ impl World {
         if excused {
             self.saw("loss explained");
         } else {
-            let what = format!(
-                "{id}: the host lost the call, with Sent's side {:?} ({:?}) and no excuse",
-                sess.state, sess.lost_why
-            );
+            let what =
+                format!("{id}: the host lost the call, with Sent's side {sess:?} and no excuse");
             self.violation(what);
         }
     }
@@ -678,7 +720,7 @@ impl World {
                 *c.written.entry(key).or_default() += 1;
             }
             match output {
-                Output::Pong { .. } => {}
+                Output::Pong { text, .. } => self.sent_reads(conn, &text),
                 Output::Call(call::Output::Frame { text, .. }) => {
                     if let Some(key) = key.filter(|k| *k != STRAY) {
                         self.check_hangup(key, &text);
@@ -693,92 +735,63 @@ impl World {
         }
     }
 
-    fn send_to_agent(&mut self, conn: ConnId, frame: Frame) {
-        let text = frames::encode_to_string(&frame).expect("the model's frame is valid");
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.to_agent.push_back(ToAgent::Text(text));
-        }
-    }
-
-    fn refuse(&mut self, conn: ConnId, session_id: &str, code: &str, frame_type: &str) {
-        self.send_to_agent(
-            conn,
-            Frame::ErrorFrame(ErrorFrame {
-                error: ErrorInfo {
-                    code: code.into(),
-                    message: "refused by the model".into(),
-                },
-                session_id: Some(session_id.into()),
-                frame_type: Some(frame_type.into()),
-            }),
-        );
+    /// Sent sends `frame` as text on `conn` as it is: one of Sent's mistakes, which the model does not
+    /// make by itself.
+    fn send_raw(&mut self, conn: ConnId, session: &str, frame: Frame) {
+        let text = frames::encode_to_string(&frame).expect("the world's frame is valid");
+        self.sent.send_raw(conn as u32, Some(session), &text);
+        self.pump();
     }
 
     fn sent_reads(&mut self, conn: ConnId, text: &str) {
-        let frame = match frames::decode(text) {
-            Ok(frame) => frame,
-            Err(error) => {
-                return self.violation(format!("the agent wrote an invalid frame: {error}"))
-            }
-        };
-        if !frames::FROM_AGENT.contains(&frame.frame_type()) {
-            return self.violation(format!("the agent wrote a {}", frame.frame_type()));
-        }
-        let Some(id) = frame.session_id().map(str::to_string) else {
-            return;
-        };
-        let Some(at) = self.sessions.iter().position(|s| s.id == id) else {
-            if id == GHOST && matches!(&frame, Frame::ToolCall(t) if t.name == "hangup") {
+        if let Ok(Frame::ToolCall(call)) = frames::decode(text) {
+            if call.name == "hangup" && call.session_id == GHOST {
                 // The host hangs up what Sent resumed for nobody.
                 return self.saw("ghost hung up");
             }
-            if id == COLLIDES && matches!(&frame, Frame::ToolCall(t) if t.name == "hangup") {
+            if call.name == "hangup" && call.session_id == COLLIDES {
                 // And a start it cannot serve.
                 return self.saw("colliding start hung up");
             }
-            return self.violation(format!("a frame for {id}, which Sent never started"));
+        }
+        let resume = match frames::decode(text) {
+            Ok(Frame::SessionResume(resume)) => Some(resume.session_id),
+            _ => None,
         };
-        if let Frame::SessionResume(resume) = frame {
-            return self.sent_resumes(conn, at, resume.token, resume.received);
+        self.replies.clear();
+        self.sent.handle_text(self.now, conn as u32, text);
+        self.pump();
+        if let Some(id) = resume {
+            let replies = std::mem::take(&mut self.replies);
+            self.saw_resume_answer(&id, &replies);
         }
-        let attached =
-            matches!(self.sessions[at].state, SState::Attached { conn: c, .. } if c == conn);
-        if !attached {
-            // Written before the agent knew (the call moved, ended or was lost): refused, no effect.
-            return self.refuse(conn, &id, "frame_not_allowed", frame.frame_type());
-        }
-        let entry = match &frame {
-            Frame::AgentSay(say) => ("say".to_string(), say.text.clone()),
-            Frame::ToolCall(call) => {
-                let sess = &mut self.sessions[at];
-                let others = !sess.pending_tools.is_empty();
-                let entry = ("tool".to_string(), call.call_ref.clone());
-                if sess.refuse_next_tool {
-                    // Refused, and counted: Sent read it on the call's own connection.
-                    sess.refuse_next_tool = false;
-                    sess.accepted.push(entry);
-                    if others {
-                        self.saw("tool refused with another pending");
-                    }
-                    self.check_accepted(at);
-                    self.saw("tool refused");
-                    return self.refuse(conn, &id, "tool_not_allowed", "tool.call");
+    }
+
+    /// Counts how Sent answered a resume of `id`, from the frames it sent.
+    fn saw_resume_answer(&mut self, id: &str, replies: &[(String, String, String)]) {
+        let mine: Vec<&(String, String, String)> =
+            replies.iter().filter(|(s, ..)| s == id).collect();
+        match mine
+            .first()
+            .map(|(_, kind, code)| (kind.as_str(), code.as_str()))
+        {
+            None => self.saw("resume ignored"),
+            Some(("error", "connection_full")) => self.saw("connection_full"),
+            Some(("error", _)) => self.saw("resume failed"),
+            Some(("session.resumed", _)) => {
+                self.saw("resumed");
+                if mine.len() > 1 {
+                    self.saw("Sent replayed");
                 }
-                sess.pending_tools
-                    .push_back((call.call_ref.clone(), call.name.clone()));
-                entry
             }
-            Frame::AgentClear(_) => ("clear".to_string(), String::new()),
-            other => return self.violation(format!("an unexpected {}", other.frame_type())),
-        };
-        self.sessions[at].accepted.push(entry.clone());
-        self.check_accepted(at);
+            Some(_) => {}
+        }
     }
 
     /// What Sent accepted of a call's frames is a prefix of what its guest sent (the host's own tool
     /// calls aside).
     fn check_accepted(&mut self, at: usize) {
-        let sess = &self.sessions[at];
+        let sess = &self.scripts[at];
         let Some(guest) = self.keys.get(&sess.id).and_then(|k| self.guests.get(k)) else {
             return;
         };
@@ -801,180 +814,75 @@ impl World {
 
     fn sent_hears(&mut self, conn: ConnId, message: &[u8]) {
         self.saw("audio heard by Sent");
+        self.sent.handle_binary(conn as u32, message);
+        self.pump();
         let stream = u16::from_be_bytes([message[0], message[1]]);
         let key = u16::from_le_bytes([message[2], message[3]]);
-        let attached = SState::Attached {
-            conn,
-            stream: Some(stream),
-        };
+        let key_of = |id: &str| self.keys.get(id).map(|k| k.0 as u16);
+        let here = (conn as u32, stream);
         // Two, when Sent resumed a call on a stream another has (its mistake): either may be the writer.
-        let owners: Vec<&SSess> = self
-            .sessions
-            .iter()
-            .filter(|s| s.state == attached)
+        let owners: Vec<(&str, &model::Session)> = self
+            .sent
+            .sessions()
+            .filter(|(_, s)| {
+                s.live() && s.attached() && (s.conn, s.stream) == (Some(here.0), Some(stream))
+            })
             .collect();
         let owner = owners
             .iter()
-            .find(|s| self.keys.get(&s.id).map(|k| k.0 as u16) == Some(key))
+            .find(|(id, _)| key_of(id) == Some(key))
             .or(owners.first())
             .copied();
         let ever = self
-            .sessions
-            .iter()
-            .find(|s| s.streams.contains(&(conn, stream)));
-        let key_of = |s: &SSess| self.keys.get(&s.id).map(|k| k.0 as u16);
+            .sent
+            .sessions()
+            .find(|(_, s)| s.streams.contains(&here));
         // Audio the agent wrote before it read its call's end, which Sent then gave to the stream's next
         // owner: Sent's reuse of the number, which the agent cannot know of in time (its writes were
         // checked against where the call was when it wrote them).
-        let writer_ended = self.sessions.iter().any(|s| {
-            key_of(s) == Some(key) && s.streams.contains(&(conn, stream)) && !self.live_at(s)
-        });
-        match (owner, ever) {
-            (Some(owner), _) if key_of(owner) != Some(key) && writer_ended => {
-                self.saw("audio of an ended call on its reused stream");
+        let writer_ended = self
+            .sent
+            .sessions()
+            .any(|(id, s)| key_of(id) == Some(key) && s.streams.contains(&here) && !s.live());
+        let what = match (owner, ever) {
+            (Some((id, _)), _) if key_of(id) != Some(key) && writer_ended => {
+                return self.saw("audio of an ended call on its reused stream");
             }
-            (Some(owner), _) if key_of(owner) != Some(key) => {
-                let what = format!(
-                    "audio of call {key} reached {} on connection {conn} stream {stream}",
-                    owner.id
-                );
-                self.violation(what);
+            (Some((id, _)), _) if key_of(id) != Some(key) => {
+                format!("audio of call {key} reached {id} on connection {conn} stream {stream}")
             }
-            (None, Some(old)) if key_of(old) != Some(key) => {
-                let what = format!("audio of call {key} on a stream of {}", old.id);
-                self.violation(what);
+            (None, Some((old, _))) if key_of(old) != Some(key) => {
+                format!("audio of call {key} on a stream of {old}")
             }
-            (None, None) => self.violation(format!(
-                "audio on connection {conn} stream {stream}, which no call ever had"
-            )),
-            _ => {}
-        }
-    }
-
-    fn sent_resumes(&mut self, conn: ConnId, at: usize, token: String, received: i64) {
-        let now = self.now;
-        let plan = self.plans.pop_front().unwrap_or(ResumePlan::Answer);
-        let full = self
-            .sessions
-            .iter()
-            .filter(|s| matches!(s.state, SState::Attached { conn: c, .. } if c == conn))
-            .count()
-            >= self.conns.get(&conn).map_or(1, |c| c.max_sessions);
-        let id = self.sessions[at].id.clone();
-        let sess = &mut self.sessions[at];
-        let expired = matches!(sess.state, SState::Detached { since } if now.duration_since(since) > Duration::from_millis(WINDOW_MS as u64));
-        let usable = sess.token.as_deref() == Some(token.as_str())
-            && !matches!(sess.state, SState::Lost | SState::Ended);
-        if plan == ResumePlan::Ignore {
-            self.saw("resume ignored");
-            return;
-        }
-        if !usable || expired || plan == ResumePlan::Failed {
-            self.saw("resume failed");
-            if expired {
-                self.saw("resume after the window");
+            (None, None) => {
+                format!("audio on connection {conn} stream {stream}, which no call ever had")
             }
-            let sess = &mut self.sessions[at];
-            if usable {
-                sess.state = SState::Lost;
-                sess.lost_why = Some("Sent refused the resume");
-                sess.token = None;
-            }
-            return self.refuse(conn, &id, "resume_failed", "session.resume");
-        }
-        if full || plan == ResumePlan::Full {
-            self.saw("connection_full");
-            return self.refuse(conn, &id, "connection_full", "session.resume");
-        }
-        self.saw("resumed");
-        let sess = &mut self.sessions[at];
-        let read = received.max(0) as usize;
-        if read > sess.sent.len() {
-            let what = format!(
-                "{id}: the agent says it read {read} of {} frames",
-                sess.sent.len()
-            );
-            return self.violation(what);
-        }
-        if read + 32 < sess.sent.len() {
-            sess.state = SState::Lost;
-            sess.lost_why = Some("Sent needs frames the agent did not read");
-            sess.token = None;
-            return self.refuse(conn, &id, "resume_failed", "session.resume");
-        }
-        let ended = sess.ended;
-        let taken = self.sessions.iter().find_map(|s| match s.state {
-            SState::Attached {
-                conn: c,
-                stream: Some(stream),
-            } if c == conn && s.id != id => Some(stream),
-            _ => None,
-        });
-        let sess = &mut self.sessions[at];
-        let stream = match (sess.audio && !ended, plan) {
-            (true, ResumePlan::NoStream) => None,
-            (true, ResumePlan::CollidingStream) if taken.is_some() => {
-                self.seen.entry("resumed on a taken stream").or_default();
-                *self.seen.entry("resumed on a taken stream").or_default() += 1;
-                taken
-            }
-            (true, _) => Some(self.new_stream(conn)),
-            (false, _) => None,
+            _ => return,
         };
-        let next_token = (!ended).then(|| {
-            self.next_token += 1;
-            format!("vsr_model{:024}", self.next_token)
-        });
-        let sess = &mut self.sessions[at];
-        if let Some(stream) = stream {
-            sess.streams.push((conn, stream));
-        }
-        sess.token = next_token.clone();
-        sess.state = if ended {
-            SState::Ended
-        } else {
-            SState::Attached { conn, stream }
-        };
-        let replay: Vec<String> = sess.sent[read..].iter().map(|(t, _)| t.clone()).collect();
-        if !replay.is_empty() {
-            *self.seen.entry("Sent replayed").or_default() += 1;
-        }
-        let resumed = Frame::SessionResumed(SessionResumed {
-            session_id: id,
-            received: sess.accepted.len() as i64,
-            resume: next_token.map(|token| Resume {
-                token,
-                window_ms: WINDOW_MS,
-            }),
-            audio: stream.map(|stream| SessionResumedAudio {
-                stream: stream as i64,
-            }),
-        });
-        self.send_to_agent(conn, resumed);
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.to_agent.extend(replay.into_iter().map(ToAgent::Text));
-        }
+        self.violation(what);
     }
 
-    /// Sends a counted frame of Sent's for session `at`: kept, and written if it is attached.
-    fn sent_counted(&mut self, at: usize, frame: Frame, heard: Option<(String, String)>) {
-        let text = frames::encode_to_string(&frame).expect("the model's frame is valid");
-        let sess = &mut self.sessions[at];
-        sess.sent.push((text.clone(), heard));
-        if let SState::Attached { conn, .. } = sess.state {
-            if let Some(c) = self.conns.get_mut(&conn) {
-                c.to_agent.push_back(ToAgent::Text(text));
-            }
+    /// Sends a counted frame of Sent's for session `at` (kept, and written if it is attached), which its
+    /// guest should hear as `heard`.
+    fn sent_counted(
+        &mut self,
+        at: usize,
+        heard: Option<(String, String)>,
+        f: impl FnOnce(&mut Sent, &str),
+    ) {
+        let id = self.scripts[at].id.clone();
+        let before = self.sess(at).sent;
+        f(&mut self.sent, &id);
+        // A successful hangup's answer brings the end with it: the guest hears the answer only.
+        for n in before..self.sess(at).sent {
+            let heard = if n == before { heard.clone() } else { None };
+            self.scripts[at].sent.push(heard);
         }
-    }
-
-    fn live_at(&self, sess: &SSess) -> bool {
-        !sess.ended && !matches!(sess.state, SState::Lost | SState::Ended)
+        self.pump();
     }
 
     fn live(&self, at: usize) -> bool {
-        let sess = &self.sessions[at];
-        !sess.ended && !matches!(sess.state, SState::Lost | SState::Ended)
+        self.sess(at).live()
     }
 
     // ----- the actions -----
@@ -989,47 +897,44 @@ impl World {
                 let Some(conn) = self.conn_at(conn) else {
                     return;
                 };
-                if self.conns[&conn].draining {
+                if self.sent.conn(conn as u32).is_none_or(|c| c.draining) {
                     return;
                 }
-                let id = format!("vs_m{}", self.sessions.len() + 1);
-                let stream = audio.then(|| self.new_stream(conn));
-                let token = resumable.then(|| self.token());
-                let frame = Frame::SessionStart(call::fixtures::session_start(
-                    &id,
-                    stream.map(i64::from),
-                    token.clone(),
-                    WINDOW_MS,
-                ));
-                let text = frames::encode_to_string(&frame).expect("valid");
-                self.sessions.push(SSess {
-                    id,
-                    audio,
-                    state: SState::Attached { conn, stream },
-                    token,
-                    sent: Vec::new(),
-                    accepted: Vec::new(),
-                    pending_tools: VecDeque::new(),
-                    refuse_next_tool: false,
-                    ended: false,
-                    streams: stream.map(|s| vec![(conn, s)]).unwrap_or_default(),
-                    start_text: text.clone(),
-                    lost_why: None,
+                let id = format!("vs_m{}", self.scripts.len() + 1);
+                let spec = model::SessionSpec {
+                    kind: if audio {
+                        model::Kind::Audio { sample_rate: 16000 }
+                    } else {
+                        model::Kind::Text
+                    },
+                    resumable,
+                    context: None,
+                };
+                let streams_before = self.sent.conn(conn as u32).map(|c| c.streams.len());
+                self.sent.start(conn as u32, &spec, Some(&id));
+                self.scripts.push(Script {
+                    id: id.clone(),
+                    ..Script::default()
                 });
-                if let Some(c) = self.conns.get_mut(&conn) {
-                    c.to_agent.push_back(ToAgent::Text(text));
+                self.pump();
+                // A number another call had here before: one freed by an end or a move.
+                let stream = self.sent.session(&id).and_then(|s| s.stream);
+                let had = self.sent.sessions().any(|(other, s)| {
+                    other != id && stream.is_some_and(|n| s.streams.contains(&(conn as u32, n)))
+                });
+                if had && streams_before.is_some() {
+                    self.saw("stream reused");
                 }
             }
             Action::DuplicateStart { call } => {
                 let Some(at) = self.session_at(call) else {
                     return;
                 };
-                if let SState::Attached { conn, .. } = self.sessions[at].state {
+                if self.sess(at).conn.is_some() {
                     self.saw("duplicate start");
-                    let text = self.sessions[at].start_text.clone();
-                    if let Some(c) = self.conns.get_mut(&conn) {
-                        c.to_agent.push_back(ToAgent::Text(text));
-                    }
+                    let id = self.scripts[at].id.clone();
+                    self.sent.start_again(&id);
+                    self.pump();
                 }
             }
             Action::Say { call } => {
@@ -1037,43 +942,26 @@ impl World {
                     return;
                 };
                 let text = self.text("u");
-                let frame = Frame::UserSaid(UserSaid {
-                    session_id: self.sessions[at].id.clone(),
-                    text: text.clone(),
-                    correction: false,
-                });
-                self.sent_counted(at, frame, Some(("said".into(), text)));
+                let heard = Some(("said".into(), text.clone()));
+                self.sent_counted(at, heard, |sent, id| sent.user_said(id, &text, false));
             }
             Action::Unknown { call } => {
                 let Some(at) = self.session_at(call).filter(|at| self.live(*at)) else {
                     return;
                 };
                 let note = self.text("n");
-                let mut fields = Map::new();
-                fields.insert("type".into(), "session.note".into());
-                fields.insert("session_id".into(), self.sessions[at].id.clone().into());
-                fields.insert("note".into(), note.clone().into());
-                let frame = Frame::Unknown(UnknownFrame {
-                    frame_type: "session.note".into(),
-                    session_id: Some(self.sessions[at].id.clone()),
-                    fields,
+                let heard = Some(("note".into(), note.clone()));
+                self.sent_counted(at, heard, |sent, id| {
+                    sent.send_unknown(id, "session.note", &note)
                 });
-                self.sent_counted(at, frame, Some(("note".into(), note)));
             }
             Action::CallerAudio { call } => {
                 let Some(at) = self.session_at(call).filter(|at| self.live(*at)) else {
                     return;
                 };
-                if let SState::Attached {
-                    conn,
-                    stream: Some(stream),
-                } = self.sessions[at].state
-                {
-                    if let Some(c) = self.conns.get_mut(&conn) {
-                        c.to_agent
-                            .push_back(ToAgent::Audio(stream, Bytes::from(vec![0u8; 640])));
-                    }
-                }
+                let id = self.scripts[at].id.clone();
+                self.sent.send_audio(&id, &[0u8; 640]);
+                self.pump();
             }
             Action::End { call } => {
                 let Some(at) = self.session_at(call).filter(|at| self.live(*at)) else {
@@ -1089,17 +977,16 @@ impl World {
             }
             Action::RefuseNextTool { call } => {
                 if let Some(at) = self.session_at(call) {
-                    self.sessions[at].refuse_next_tool = true;
+                    let id = self.scripts[at].id.clone();
+                    self.sent.refuse_next_tool(&id, "tool_not_allowed");
                 }
             }
             Action::Drain { conn } => {
                 let Some(conn) = self.conn_at(conn) else {
                     return;
                 };
-                self.send_to_agent(conn, Frame::ConnectionDraining(ConnectionDraining {}));
-                if let Some(c) = self.conns.get_mut(&conn) {
-                    c.draining = true;
-                }
+                self.sent.drain(conn as u32);
+                self.pump();
             }
             Action::Drop { conn } => {
                 let Some(conn) = self.conn_at(conn) else {
@@ -1146,24 +1033,21 @@ impl World {
             }
             Action::Open { ok, max_sessions } => self.open(ok, max_sessions as usize),
             Action::ReuseStreams { conn } => {
-                if let Some(c) = self
-                    .conn_at(conn)
-                    .and_then(|conn| self.conns.get_mut(&conn))
-                {
-                    c.reuse_streams = true;
+                if let Some(conn) = self.conn_at(conn) {
+                    self.sent.reuse_ended_streams(conn as u32);
                 }
             }
             Action::CollidingStart { conn } => {
                 let Some(conn) = self.conn_at(conn) else {
                     return;
                 };
-                let taken = self.sessions.iter().find_map(|s| match s.state {
-                    SState::Attached {
-                        conn: c,
-                        stream: Some(stream),
-                    } if c == conn => Some(stream),
-                    _ => None,
-                });
+                let taken = self
+                    .sent
+                    .sessions()
+                    .find_map(|(_, s)| match (s.conn, s.stream) {
+                        (Some(c), Some(stream)) if c == conn as u32 && s.attached() => Some(stream),
+                        _ => None,
+                    });
                 let Some(stream) = taken else {
                     return;
                 };
@@ -1175,7 +1059,7 @@ impl World {
                     None,
                     WINDOW_MS,
                 ));
-                self.send_to_agent(conn, frame);
+                self.send_raw(conn, COLLIDES, frame);
             }
             Action::ResumedGhost { conn } => {
                 let Some(conn) = self.conn_at(conn) else {
@@ -1188,44 +1072,48 @@ impl World {
                     resume: None,
                     audio: None,
                 });
-                self.send_to_agent(conn, frame);
+                self.send_raw(conn, GHOST, frame);
             }
             Action::ResumedAgain { call } => {
                 let Some(at) = self.session_at(call).filter(|at| self.live(*at)) else {
                     return;
                 };
-                let SState::Attached { conn, stream } = self.sessions[at].state else {
+                let sess = self.sess(at);
+                let (Some(conn), true) = (sess.conn, sess.attached()) else {
                     return;
                 };
                 self.saw("resumed again");
-                let sess = &self.sessions[at];
+                let sess = self.sess(at);
                 let frame = Frame::SessionResumed(SessionResumed {
-                    session_id: sess.id.clone(),
-                    received: sess.accepted.len() as i64,
+                    session_id: self.scripts[at].id.clone(),
+                    received: sess.received as i64,
                     resume: sess.token.clone().map(|token| Resume {
                         token,
                         window_ms: WINDOW_MS,
                     }),
-                    audio: stream.map(|stream| SessionResumedAudio {
+                    audio: sess.stream.map(|stream| SessionResumedAudio {
                         stream: i64::from(stream),
                     }),
                 });
-                self.send_to_agent(conn, frame);
+                let id = self.scripts[at].id.clone();
+                self.send_raw(ConnId::from(conn), &id, frame);
             }
-            Action::NextResume(plan) => self.plans.push_back(plan),
+            Action::NextResume(plan) => self.sent.plan_resume(plan),
             Action::Ping { conn } => {
                 let Some(conn) = self.conn_at(conn) else {
                     return;
                 };
-                let ts = self.next_text as i64;
-                self.send_to_agent(conn, Frame::Ping(Ping { ts }));
+                // Each ping its own ts, as Sent's clock gives.
+                self.next_text += 1;
+                self.sent.ping(conn as u32, self.next_text as i64);
+                self.pump();
             }
             Action::Tick { ms } => self.tick(Duration::from_millis(ms as u64)),
             Action::Guest { call, op } => {
                 let Some(at) = self.session_at(call) else {
                     return;
                 };
-                let Some(&key) = self.keys.get(&self.sessions[at].id) else {
+                let Some(&key) = self.keys.get(&self.scripts[at].id) else {
                     return;
                 };
                 self.guest(key, op);
@@ -1234,80 +1122,33 @@ impl World {
     }
 
     fn end(&mut self, at: usize) {
-        let frame = Frame::SessionEnd(SessionEnd {
-            session_id: self.sessions[at].id.clone(),
-            reason: "caller_hung_up".into(),
-            duration_ms: 1,
-        });
-        self.sent_counted(at, frame, None);
-        let sess = &mut self.sessions[at];
-        sess.ended = true;
-        sess.pending_tools.clear();
-        if matches!(sess.state, SState::Attached { .. }) {
-            // Forgotten at once; a detached one waits for a resume that collects its replay.
-            sess.state = SState::Ended;
-            sess.token = None;
-        }
+        self.sent_counted(at, None, |sent, id| sent.end(id, "caller_hung_up"));
     }
 
     fn answer_tool(&mut self, at: usize) {
         if !self.live(at) {
             return;
         }
-        let Some((call_ref, name)) = self.sessions[at].pending_tools.pop_front() else {
+        let Some((call_ref, name)) = self.sess(at).pending_tools.front().cloned() else {
             return;
         };
         let guests = self
             .keys
-            .get(&self.sessions[at].id)
+            .get(&self.scripts[at].id)
             .and_then(|k| self.guests.get(k))
             .is_some_and(|g| g.asked.contains(&call_ref));
-        let frame = Frame::ToolResult(ToolResult {
-            session_id: self.sessions[at].id.clone(),
-            call_ref: call_ref.clone(),
-            ok: true,
-            error: None,
+        let heard = guests.then(|| ("result".into(), call_ref.clone()));
+        self.sent_counted(at, heard, |sent, id| {
+            sent.answer(id, &call_ref, &name, None)
         });
-        self.sent_counted(at, frame, guests.then(|| ("result".into(), call_ref)));
-        if name == "hangup" {
-            self.end(at);
-        }
     }
 
     fn sent_drops(&mut self, conn: ConnId) {
-        let now = self.now;
         self.conns.remove(&conn);
-        for sess in &mut self.sessions {
-            if matches!(sess.state, SState::Attached { conn: c, .. } if c == conn) {
-                sess.state = SState::Detached { since: now };
-            }
-        }
+        self.sent
+            .handle_closed(self.now, conn as u32, "dropped by Sent", false);
+        self.pump();
         self.router_closed(conn);
-    }
-
-    /// A stream number for a new audio session (or a resumed one) on `conn`.
-    fn new_stream(&mut self, conn: ConnId) -> u16 {
-        let taken: Vec<u16> = self
-            .sessions
-            .iter()
-            .filter_map(|s| match s.state {
-                SState::Attached {
-                    conn: c,
-                    stream: Some(stream),
-                } if c == conn => Some(stream),
-                _ => None,
-            })
-            .collect();
-        let c = self.conns.get_mut(&conn).expect("an open connection");
-        if c.reuse_streams {
-            self.seen.entry("stream reused").or_default();
-            if let Some(free) = (1..c.next_stream).find(|n| !taken.contains(n)) {
-                *self.seen.entry("stream reused").or_default() += 1;
-                return free;
-            }
-        }
-        c.next_stream += 1;
-        c.next_stream - 1
     }
 
     fn open(&mut self, ok: bool, max_sessions: usize) {
@@ -1326,16 +1167,27 @@ impl World {
                 to_sent: VecDeque::new(),
                 written: HashMap::new(),
                 last_read: self.now,
-                draining: false,
-                next_stream: 1,
-                max_sessions: max_sessions.clamp(1, 10),
-                reuse_streams: false,
             },
         );
-        let ready = ConnectionReady {
-            protocol_version: "0.2.0".into(),
-            heartbeat_interval_ms: 1000,
-            max_sessions: max_sessions.clamp(1, 10) as i64,
+        let settings = model::ConnSettings {
+            max_sessions: Some(max_sessions.clamp(1, 10)),
+            ..model::ConnSettings::default()
+        };
+        let id = u32::try_from(conn).expect("the world dials fewer than 2^32 connections");
+        self.sent.handle_open(self.now, id, "agent_1", settings);
+        self.sent.ready(self.now, id);
+        self.pump();
+        // connection.ready, read by the shell before the router hears of the connection.
+        let ready = match self
+            .conns
+            .get_mut(&conn)
+            .and_then(|c| c.to_agent.pop_front())
+        {
+            Some(ToAgent::Text(text)) => frames::decode(&text),
+            other => return self.violation(format!("Sent's first message was {other:?}")),
+        };
+        let Ok(Frame::ConnectionReady(ready)) = ready else {
+            return self.violation(format!("Sent's first frame was {ready:?}"));
         };
         self.router.handle_opened(self.now, conn, &ready);
         self.drain_outputs();
@@ -1522,11 +1374,10 @@ impl World {
             .expect("a guest")
             .heard
             .push(heard);
-        let Some(sess) = self.sessions.iter().find(|s| s.id == id) else {
+        let Some(script) = self.scripts.iter().find(|s| s.id == id) else {
             return;
         };
-        let expected: Vec<&(String, String)> =
-            sess.sent.iter().filter_map(|(_, h)| h.as_ref()).collect();
+        let expected: Vec<&(String, String)> = script.sent.iter().flatten().collect();
         let heard = &self.guests[&key].heard;
         let prefix =
             heard.len() <= expected.len() && heard.iter().zip(&expected).all(|(a, b)| a == *b);
@@ -1570,8 +1421,8 @@ impl World {
                 }
                 self.sent_reads_queued(conn, u8::MAX);
             }
-            for at in 0..self.sessions.len() {
-                while !self.sessions[at].pending_tools.is_empty() && self.live(at) {
+            for at in 0..self.scripts.len() {
+                while !self.sess(at).pending_tools.is_empty() && self.live(at) {
                     self.answer_tool(at);
                 }
             }
@@ -1584,17 +1435,16 @@ impl World {
             self.tick(Duration::from_secs(1));
         }
         // Settled: every frame a live call's guest sent has reached Sent, once, in order.
-        for at in 0..self.sessions.len() {
+        for at in 0..self.scripts.len() {
             let Some(guest) = self
                 .keys
-                .get(&self.sessions[at].id)
+                .get(&self.scripts[at].id)
                 .and_then(|k| self.guests.get(k))
             else {
                 continue;
             };
-            let attached = matches!(self.sessions[at].state, SState::Attached { .. });
-            if attached && self.live(at) && !guest.lost {
-                let sess = &self.sessions[at];
+            if self.sess(at).attached() && self.live(at) && !guest.lost {
+                let sess = &self.scripts[at];
                 let sent: Vec<&(String, String)> = guest.issued.iter().collect();
                 let accepted: Vec<&(String, String)> = sess
                     .accepted
@@ -1610,7 +1460,7 @@ impl World {
                 }
             }
         }
-        for at in 0..self.sessions.len() {
+        for at in 0..self.scripts.len() {
             if self.live(at) {
                 self.end(at);
             }
@@ -1638,7 +1488,7 @@ impl World {
     }
 
     fn check_settled(&mut self) {
-        for sess in &self.sessions {
+        for sess in &self.scripts {
             let Some(key) = self.keys.get(&sess.id) else {
                 continue;
             };
@@ -1665,18 +1515,21 @@ impl World {
         }
         for (key, guest) in &self.guests {
             let id = self.session_of(*key);
-            let Some(sess) = self.sessions.iter().find(|s| s.id == id) else {
+            let (Some(script), Some(sess)) = (
+                self.scripts.iter().find(|s| s.id == id),
+                self.sent.session(&id),
+            ) else {
                 continue;
             };
-            // A call that ended cleanly: everything the guest sent reached Sent once, and everything Sent
-            // sent reached the guest once (unless the agent gave up on it).
-            let clean =
-                sess.ended && matches!(sess.state, SState::Ended) && !guest.gave_up && !guest.lost;
-            if !clean {
+            // A call that ended cleanly (Sent forgot it ended, on a connection): everything the guest
+            // sent reached Sent once, and everything Sent sent reached the guest once (unless the agent
+            // gave up on it).
+            let ended_on_a_connection =
+                sess.ended.is_some() && sess.detached_at.is_none() && sess.lost.is_none();
+            if !ended_on_a_connection || guest.gave_up || guest.lost {
                 continue;
             }
-            let expected: Vec<&(String, String)> =
-                sess.sent.iter().filter_map(|(_, h)| h.as_ref()).collect();
+            let expected: Vec<&(String, String)> = script.sent.iter().flatten().collect();
             if guest.heard.iter().collect::<Vec<_>>() != expected {
                 self.violations.push(format!(
                     "{id}: heard {:?}, Sent sent {expected:?}",

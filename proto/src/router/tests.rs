@@ -205,6 +205,30 @@ fn a_start_on_a_taken_stream_is_hung_up() {
     assert!(t.router.call("vs_b").is_none());
 }
 
+/// Found by the one model of Sent (its rule: a `call_ref` is unique within a session): Sent resuming twice
+/// a session no call serves got two hangups, both `t1`.
+#[test]
+fn each_hangup_of_a_session_nobody_serves_has_a_call_ref_of_its_own() {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t.frame(1, resumed("vs_ghost", None));
+    t.frame(1, resumed("vs_ghost", None));
+    let refs: Vec<String> = t
+        .outputs()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Call(call::Output::Frame { text, .. }) => {
+                let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(json["name"], "hangup");
+                Some(json["call_ref"].as_str().unwrap().to_string())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refs, ["t1", "t2"]);
+}
+
 #[test]
 fn a_start_past_the_calls_held_is_hung_up() {
     let mut t = Test::new(1);

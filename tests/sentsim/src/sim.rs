@@ -1025,8 +1025,9 @@ impl Call {
 
     /// A session frame of a type the protocol does not define (yet): counted by both sides.
     pub fn send_unknown(&self, frame_type: &str) {
+        let note = "added in a later version";
         self.sim
-            .with(|sent, _| sent.send_unknown(&self.id, frame_type));
+            .with(|sent, _| sent.send_unknown(&self.id, frame_type, note));
     }
 
     /// Caller audio on the session's stream.

@@ -222,6 +222,9 @@ pub struct Conn {
     pub sessions: BTreeSet<String>,
     /// Stream numbers taken on it, and by which session.
     pub streams: HashMap<u16, String>,
+    /// Stream numbers freed (their session moved away, or ended where numbers are reused), and whose
+    /// they were: audio the agent wrote before it knew may still arrive on them.
+    former: HashMap<u16, String>,
     settings: ConnSettings,
     pings: HashSet<i64>,
     last_pong: Instant,
@@ -452,6 +455,7 @@ impl Sent {
                 max_sessions: settings.max_sessions.unwrap_or(self.config.max_sessions),
                 sessions: BTreeSet::new(),
                 streams: HashMap::new(),
+                former: HashMap::new(),
                 settings,
                 pings: HashSet::new(),
                 last_pong: now,
@@ -650,16 +654,20 @@ impl Sent {
     fn read_session_frame(&mut self, id: ConnId, frame: AgentFrame) {
         let session_id = frame.session_id().unwrap_or_default().to_string();
         let frame_type = frame.frame_type().to_string();
-        let in_flight = self
-            .sessions
-            .get(&session_id)
-            .is_some_and(|s| s.live() && s.conn != Some(id) && s.moved_from.contains(&id));
+        let in_flight = self.sessions.get(&session_id).is_some_and(|s| {
+            s.live()
+                && ((s.conn != Some(id) && s.moved_from.contains(&id))
+                    || (s.resuming.is_some() && s.conn == Some(id)))
+        });
         let refusal = match self.sessions.get(&session_id) {
             None => Some(("frame_not_allowed", "no such session".to_string(), true)),
+            // On the connection the session is still on, the frame may have left before the resume did
+            // (no order holds across sockets): refused, the replay brings it. On any other, the agent did
+            // not wait for `session.resumed`.
             Some(sess) if sess.resuming.is_some() => Some((
                 "frame_not_allowed",
                 "sent while the session's resume was unanswered".into(),
-                true,
+                sess.conn != Some(id),
             )),
             Some(sess) if sess.conn != Some(id) && sess.live() => Some((
                 "frame_not_allowed",
@@ -896,6 +904,7 @@ impl Sent {
                 conn.sessions.remove(session_id);
                 if let Some(stream) = old_stream {
                     conn.streams.remove(&stream);
+                    conn.former.insert(stream, session_id.to_string());
                 }
             }
             self.close_if_drained(old);
@@ -962,11 +971,11 @@ impl Sent {
             Ok(audio) => audio,
             Err(refusal) => return self.violation(id, None, refusal.message),
         };
-        let session = self
-            .conns
-            .get(&id)
-            .and_then(|c| c.streams.get(&stream))
-            .cloned();
+        let Some(conn) = self.conns.get(&id) else {
+            return;
+        };
+        let session = conn.streams.get(&stream).cloned();
+        let former = conn.former.get(&stream).cloned();
         if let Some(count) = session
             .as_ref()
             .and_then(|s| self.sessions.get_mut(s))
@@ -980,22 +989,14 @@ impl Sent {
             samples: samples.to_vec(),
         };
         self.record(id, Dir::FromAgent, session.as_deref(), what);
-        match session {
-            None => self.violation(
+        // Audio after the end is the scenario's to judge (it fences what was in flight); so is audio of a
+        // session written before it moved or ended, on the number it had (no order holds across sockets).
+        if session.is_none() && former.is_none() {
+            self.violation(
                 id,
                 None,
                 format!("audio on stream {stream}, which no session has on this connection"),
-            ),
-            // Audio after the end is the scenario's to judge (it fences what was in flight).
-            Some(session) => {
-                if self
-                    .sessions
-                    .get(&session)
-                    .is_some_and(|s| s.resuming.is_some())
-                {
-                    self.violation(id, Some(&session), "audio while its resume was unanswered");
-                }
-            }
+            );
         }
     }
 
@@ -1111,15 +1112,12 @@ impl Sent {
         self.send_session_frame(session_id, frame);
     }
 
-    /// A session frame of a type the protocol does not define (yet): counted by both sides.
-    pub fn send_unknown(&mut self, session_id: &str, frame_type: &str) {
+    /// A session frame of a type the protocol does not define (yet), with a `note`: counted by both sides.
+    pub fn send_unknown(&mut self, session_id: &str, frame_type: &str, note: &str) {
         let mut fields = Map::new();
         fields.insert("type".into(), Value::String(frame_type.into()));
         fields.insert("session_id".into(), Value::String(session_id.into()));
-        fields.insert(
-            "note".into(),
-            Value::String("added in a later version".into()),
-        );
+        fields.insert("note".into(), Value::String(note.into()));
         let frame = Frame::Unknown(UnknownFrame {
             frame_type: frame_type.into(),
             session_id: Some(session_id.into()),
@@ -1358,6 +1356,7 @@ impl Sent {
                 if let Some(stream) = stream.filter(|_| c.reuse_streams) {
                     if c.streams.get(&stream).map(String::as_str) == Some(session_id) {
                         c.streams.remove(&stream);
+                        c.former.insert(stream, session_id.to_string());
                     }
                 }
             }
