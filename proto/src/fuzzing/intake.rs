@@ -10,6 +10,13 @@
 //! broken rule panics with what broke. At the end the router is stopped and every call must have been
 //! heard to its end, every tool call of a guest answered exactly once, and nothing left behind.
 //!
+//! Besides the hostile Sent the bytes make up, a well-behaved one takes part: the one model of Sent
+//! ([`sentsim_model::Sent`], which the simulator and the property tests drive too) starts sessions on the
+//! connections the harness opened, speaks, ends, answers tool calls and resumes as Sent does, and reads
+//! everything the router writes. Its judgements of the agent are not checked here (the made-up frames of
+//! the rest of the input make it see sessions it never started); what it brings is traffic a fuzzer would
+//! take long to find: resumes answered with the right counts and tokens, replays, drains that close.
+//!
 //! The input format is this module's own (one byte picks an operation, the next ones its fields; missing
 //! bytes read as zero), so that seeds can be written by hand ([`Script`]) and libFuzzer's mutations stay
 //! meaningful. Everything is deterministic: the same bytes run the same way.
@@ -20,6 +27,7 @@ use crate::call::{
 use crate::router::{Output, Router, RouterConfig, EXTRA_CONNECTIONS};
 use crate::wire::{self, frames, Frame, FromSent, Invalid, MAX_AUDIO_MS_PER_MESSAGE};
 use bytes::Bytes;
+use sentsim_model::{self as model, Sent};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -179,7 +187,8 @@ pub mod op {
     pub const REPLY: u8 = 15;
     /// New rules for new calls: a limits byte, a policy byte.
     pub const RULES: u8 = 16;
-    /// The agent stops (when the next byte is below 32).
+    /// The agent stops (when the next byte is below 32); past 31, the byte says what the model of Sent does
+    /// (see [`super::sent`]), and everything it has to send goes to the router.
     pub const STOP: u8 = 17;
     pub const COUNT: u8 = 18;
 }
@@ -199,6 +208,26 @@ pub mod kind {
     pub const AGENTS: u8 = 10;
     pub const GARBAGE: u8 = 11;
     pub const COUNT: u8 = 12;
+}
+
+/// What the model of Sent does, by [`op::STOP`]'s byte past 31 (modulo [`sent::COUNT`]).
+pub mod sent {
+    /// Starts a session on an open connection: a byte picks it, one the type and whether it is resumable.
+    pub const START: u8 = 0;
+    /// `user.said` on one of its sessions (a byte picks it).
+    pub const SAID: u8 = 1;
+    pub const END: u8 = 2;
+    /// Answers the oldest tool call a session waits on: ok, or failed (a byte says).
+    pub const ANSWER: u8 = 3;
+    /// Drains an open connection.
+    pub const DRAIN: u8 = 4;
+    /// Answers a resume it holds.
+    pub const ANSWER_RESUME: u8 = 5;
+    /// How it answers the next resume (a byte picks the plan).
+    pub const PLAN_RESUME: u8 = 6;
+    /// Caller audio on one of its sessions.
+    pub const AUDIO: u8 = 7;
+    pub const COUNT: u8 = 8;
 }
 
 /// Kinds of [`op::REPLY`].
@@ -315,6 +344,9 @@ struct Harness {
     /// A ping went to the router in this operation: its pong is owed.
     pending_ping: Option<(ConnId, i64)>,
     trace: Vec<String>,
+    /// The well-behaved Sent, and the messages it has for the router.
+    sent: Sent,
+    sent_out: Vec<model::Transmit>,
 }
 
 /// A connection no dial ever named.
@@ -352,6 +384,11 @@ impl Harness {
             checks,
             pending_ping: None,
             trace: Vec::new(),
+            sent: Sent::new(model::Config {
+                tools: model::ToolPlan::Hold,
+                ..model::Config::default()
+            }),
+            sent_out: Vec::new(),
         };
         harness.router.start(now);
         harness.drain(OpContext {
@@ -489,6 +526,7 @@ impl Harness {
                             Frame::ConnectionReady(ready) => {
                                 self.conns.insert(conn, ConnState::Open);
                                 self.router.handle_opened(self.now, conn, &ready);
+                                self.model_opened(conn, ready.max_sessions);
                             }
                             _ => self.broke("connection.ready read as another frame"),
                         },
@@ -518,6 +556,7 @@ impl Harness {
                     self.note(format!("closed {conn}"));
                     self.conns.insert(conn, ConnState::Closed);
                     self.router.handle_closed(self.now, conn);
+                    self.model_closed(conn, false);
                 }
                 "closed"
             }
@@ -641,14 +680,18 @@ impl Harness {
                 self.router.set_rules(limits, policy);
                 "rules"
             }
-            _ => {
-                if input.u8() < 32 {
+            _ => match input.u8() {
+                0..32 => {
                     self.note("stop".into());
                     self.stopped = true;
                     self.router.stop(self.now);
+                    "stop"
                 }
-                "stop"
-            }
+                what => {
+                    self.model_acts(what % sent::COUNT, input);
+                    "sent"
+                }
+            },
         };
         let ping = self.pending_ping.take();
         self.drain(OpContext { name, ping });
@@ -1002,6 +1045,177 @@ impl Harness {
     }
 }
 
+// ----- the well-behaved Sent -----
+
+impl Harness {
+    fn model_conn(conn: ConnId) -> Option<u32> {
+        u32::try_from(conn).ok()
+    }
+
+    /// A connection opened: the model has it too, with the `max_sessions` it was given (within what a
+    /// real Sent gives).
+    fn model_opened(&mut self, conn: ConnId, max_sessions: i64) {
+        let Some(id) = Self::model_conn(conn) else {
+            return;
+        };
+        let settings = model::ConnSettings {
+            max_sessions: Some(max_sessions.clamp(1, 10) as usize),
+            ..model::ConnSettings::default()
+        };
+        self.sent.handle_open(self.now, id, "agent_1", settings);
+        // The router has its connection.ready already (the input's own).
+        self.sent.ready(self.now, id);
+        while self.sent.poll_transmit().is_some() {}
+        self.sent_out.retain(|t| t.conn != id);
+        self.forget_model_events();
+    }
+
+    fn model_closed(&mut self, conn: ConnId, clean: bool) {
+        if let Some(id) = Self::model_conn(conn) {
+            let how = if clean {
+                "closed by the agent with 1000"
+            } else {
+                "closed"
+            };
+            self.sent.handle_closed(self.now, id, how, clean);
+            self.forget_model_events();
+        }
+    }
+
+    /// The model's records and judgements are not kept (see the module's words): they would only grow.
+    fn forget_model_events(&mut self) {
+        while self.sent.poll_event().is_some() {}
+        self.sent_out
+            .extend(std::iter::from_fn(|| self.sent.poll_transmit()));
+    }
+
+    /// Sent reads what the router wrote (its own sockets are never slow here).
+    fn model_reads(&mut self, written: Vec<(ConnId, CallKey, model::Message)>) {
+        for (conn, _, message) in written {
+            let Some(id) = Self::model_conn(conn) else {
+                continue;
+            };
+            match message {
+                model::Message::Text(text) => self.sent.handle_text(self.now, id, &text),
+                model::Message::Binary(data) => self.sent.handle_binary(id, &data),
+                model::Message::Close(_) | model::Message::Kill => {}
+            }
+        }
+        self.forget_model_events();
+    }
+
+    /// One of the model's sessions that is still live, by `choice`.
+    fn model_session(&self, choice: u8) -> Option<String> {
+        let live: Vec<&str> = self
+            .sent
+            .sessions()
+            .filter(|(_, s)| s.live())
+            .map(|(id, _)| id)
+            .collect();
+        (!live.is_empty()).then(|| live[choice as usize % live.len()].to_string())
+    }
+
+    /// The model of Sent does `what`, then everything it has to send goes to the router.
+    fn model_acts(&mut self, what: u8, input: &mut Input) {
+        let choice = input.u8();
+        let flags = input.u8();
+        match what {
+            sent::START => {
+                let Some(conn) = self.open_conn(choice).and_then(Self::model_conn) else {
+                    return;
+                };
+                if !self.sent.conn(conn).is_some_and(|c| c.usable()) {
+                    return;
+                }
+                let kind = match flags % 3 {
+                    0 => model::Kind::Text,
+                    1 => model::Kind::Audio { sample_rate: 16000 },
+                    _ => model::Kind::Audio { sample_rate: 8000 },
+                };
+                let spec = model::SessionSpec {
+                    kind,
+                    resumable: flags & 8 == 0,
+                    context: None,
+                };
+                let id = self.sent.start(conn, &spec, None);
+                self.note(format!("Sent starts {id} on {conn}"));
+            }
+            sent::SAID | sent::END | sent::AUDIO | sent::ANSWER => {
+                let Some(id) = self.model_session(choice) else {
+                    return;
+                };
+                self.note(format!("Sent's op {what} on {id}"));
+                match what {
+                    sent::SAID => self.sent.user_said(&id, "I need a person", flags & 1 == 1),
+                    sent::END => self.sent.end(&id, "caller_hung_up"),
+                    sent::AUDIO => self.sent.send_audio(&id, &[flags; 640]),
+                    _ => {
+                        let waiting = self
+                            .sent
+                            .session(&id)
+                            .and_then(|s| s.pending_tools.front().cloned());
+                        if let Some((call_ref, name)) = waiting {
+                            let error = (flags & 1 == 1).then_some("failed");
+                            self.sent.answer(&id, &call_ref, &name, error);
+                        }
+                    }
+                }
+            }
+            sent::DRAIN => {
+                if let Some(conn) = self.open_conn(choice).and_then(Self::model_conn) {
+                    self.note(format!("Sent drains {conn}"));
+                    self.sent.drain(conn);
+                }
+            }
+            sent::ANSWER_RESUME => {
+                let held = self
+                    .sent
+                    .sessions()
+                    .find(|(_, s)| s.resuming.is_some())
+                    .map(|(id, _)| id.to_string());
+                if let Some(id) = held {
+                    self.note(format!("Sent answers the resume of {id}"));
+                    self.sent.answer_resume(self.now, &id);
+                }
+            }
+            _ if what == sent::PLAN_RESUME => {
+                let plan = [
+                    model::ResumePlan::Answer,
+                    model::ResumePlan::NoStream,
+                    model::ResumePlan::Full,
+                    model::ResumePlan::Failed,
+                    model::ResumePlan::Hold,
+                    model::ResumePlan::CollidingStream,
+                ][flags as usize % 6];
+                self.sent.plan_resume(plan);
+            }
+            _ => {}
+        }
+        self.model_flush();
+    }
+
+    /// Everything the model has to send, through the intake to the router, on the connections still open.
+    fn model_flush(&mut self) {
+        self.forget_model_events();
+        for transmit in std::mem::take(&mut self.sent_out) {
+            let conn = ConnId::from(transmit.conn);
+            if self.conns.get(&conn) != Some(&ConnState::Open) {
+                continue;
+            }
+            match transmit.message {
+                model::Message::Text(text) => self.sent_text(conn, &text),
+                model::Message::Binary(data) => self.sent_audio(conn, &data),
+                model::Message::Close(_) | model::Message::Kill => {
+                    self.note(format!("Sent closes {conn}"));
+                    self.conns.insert(conn, ConnState::Closed);
+                    self.router.handle_closed(self.now, conn);
+                    self.model_closed(conn, false);
+                }
+            }
+        }
+    }
+}
+
 /// Now and then, one field of a frame removed or replaced by a value of another type.
 fn mutate(frame: &mut Value, input: &mut Input) {
     let how = input.u8();
@@ -1214,6 +1428,8 @@ impl Harness {
         let mut pongs = 0;
         let mut framed = Vec::new();
         let mut audio = Vec::new();
+        // What reaches the model of Sent: (connection, call, text or audio).
+        let mut to_sent: Vec<(ConnId, CallKey, model::Message)> = Vec::new();
         for output in outputs {
             match output {
                 Output::Call(call::Output::Frame {
@@ -1223,6 +1439,7 @@ impl Harness {
                     counted,
                 }) => {
                     self.writable(conn, "a frame");
+                    to_sent.push((conn, key, model::Message::Text(text.clone())));
                     if key == STRAY_HANGUP {
                         // A session no call serves (resumed for nobody, or a start the host cannot
                         // take): only a hangup may go.
@@ -1246,6 +1463,7 @@ impl Harness {
                     backlog,
                 }) => {
                     self.writable(conn, "audio");
+                    to_sent.push((conn, key, model::Message::Binary(message.to_vec())));
                     let Some(seen) = self.calls.get(&key) else {
                         self.broke(format_args!("audio of a call never started ({key:?})"));
                     };
@@ -1284,6 +1502,7 @@ impl Harness {
                     // What was queued there is not written after all (a replay brings it again).
                     framed.retain(|(k, c)| (*k, *c) != (key, conn));
                     audio.retain(|(k, c, _)| (*k, *c) != (key, conn));
+                    to_sent.retain(|(c, k, _)| (*k, *c) != (key, conn));
                 }
                 Output::Call(call::Output::Answer {
                     key,
@@ -1332,6 +1551,7 @@ impl Harness {
                 },
                 Output::Pong { conn, text } => {
                     self.writable(conn, "a pong");
+                    to_sent.push((conn, STRAY_HANGUP, model::Message::Text(text.clone())));
                     pongs += 1;
                     let owed = op.ping.filter(|(on, _)| *on == conn).map(|(_, ts)| ts);
                     let pong = frames::decode(&text).ok();
@@ -1364,7 +1584,10 @@ impl Harness {
                         ));
                     }
                 }
-                Output::Close { conn, .. } => self.writable(conn, "a close"),
+                Output::Close { conn, why } => {
+                    self.writable(conn, "a close");
+                    self.model_closed(conn, why == crate::router::Closing::Unneeded);
+                }
                 Output::Spawn { key, start } => {
                     if self.stopped {
                         self.broke("a call started after the agent stopped");
@@ -1409,6 +1632,7 @@ impl Harness {
             }
         }
         self.check_places(&framed, &audio, op.name);
+        self.model_reads(to_sent);
         let open = self.router.stats().connections_open;
         let known = self
             .conns
@@ -1634,6 +1858,11 @@ impl Script {
         self.op(op::ADVANCE, &[at])
     }
 
+    /// The model of Sent does `what` (of [`sent`]), with a choice byte and a flags byte.
+    pub fn sent(self, what: u8, choice: u8, flags: u8) -> Script {
+        self.op(op::STOP, &[32 + what, choice, flags])
+    }
+
     fn op_bytes(mut self, bytes: &[u8]) -> Script {
         self.0.extend_from_slice(bytes);
         self
@@ -1782,7 +2011,37 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         .op(op::PING, &[0, 2])
         .advance(12);
     seeds.push(("seed-dials".into(), dials.bytes()));
+    seeds.push(("seed-model-calls".into(), model_calls().bytes()));
     seeds
+}
+
+/// The model of Sent's calls: an audio call and a text call, speech, a tool answered, a drop, resumes
+/// answered with the model's own counts and tokens, a drain that closes the emptied connection.
+fn model_calls() -> Script {
+    Script::new(2)
+        .open()
+        .open()
+        .sent(sent::START, 0, 1)
+        .sent(sent::START, 1, 0)
+        .guest(op::NEXT_EVENT, 0, &[])
+        .guest(op::NEXT_EVENT, 1, &[])
+        .sent(sent::SAID, 1, 0)
+        .sent(sent::AUDIO, 0, 3)
+        .guest(op::SAY, 1, &[0, 0, 0])
+        .guest(op::TOOL, 1, &[4, 5, 0])
+        .sent(sent::ANSWER, 1, 0)
+        .op(op::CLOSED, &[0])
+        // The calls move to the other connection: the model answers the resumes.
+        .sent(sent::SAID, 1, 0)
+        .sent(sent::DRAIN, 0, 0)
+        .open()
+        .sent(sent::SAID, 1, 0)
+        .guest(op::NEXT_EVENT, 0, &[])
+        .guest(op::NEXT_EVENT, 1, &[])
+        .sent(sent::END, 0, 0)
+        .sent(sent::END, 0, 0)
+        .guest(op::NEXT_EVENT, 0, &[])
+        .guest(op::NEXT_EVENT, 1, &[])
 }
 
 #[cfg(test)]
@@ -1830,6 +2089,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The well-behaved Sent is only worth having if its calls reach the router and move as Sent moves
+    /// them.
+    #[test]
+    fn the_model_of_sents_calls_are_served_and_resumed() {
+        let bytes = model_calls().bytes();
+        let mut input = Input { data: &bytes };
+        let mut harness = Harness::new(&mut input, Checks::ALL);
+        while !input.is_empty() {
+            harness.step(&mut input);
+        }
+        let stats = harness.router.stats();
+        let served = harness
+            .calls
+            .values()
+            .filter(|s| s.session_id.starts_with("vs_sim-"))
+            .count();
+        assert_eq!(served, 2, "both of the model's calls reached a guest");
+        assert!(stats.resumes >= 2, "both moved: {stats:?}");
+        let ended = harness
+            .sent
+            .sessions()
+            .filter(|(_, s)| s.ended.is_some())
+            .count();
+        assert_eq!(ended, 2);
+        harness.finish();
     }
 
     #[test]
