@@ -1206,6 +1206,9 @@ impl Harness {
                 model::Message::Text(text) => self.sent_text(conn, &text),
                 model::Message::Binary(data) => self.sent_audio(conn, &data),
                 model::Message::Close(_) | model::Message::Kill => {
+                    // What the router wrote while the connection was open is judged as of then.
+                    let ping = self.pending_ping.take();
+                    self.drain(OpContext { name: "sent", ping });
                     self.note(format!("Sent closes {conn}"));
                     self.conns.insert(conn, ConnState::Closed);
                     self.router.handle_closed(self.now, conn);
