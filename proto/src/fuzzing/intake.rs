@@ -1175,7 +1175,7 @@ impl Harness {
                     .map(|(id, _)| id.to_string());
                 if let Some(id) = held {
                     self.note(format!("Sent answers the resume of {id}"));
-                    self.sent.answer_resume(self.now, &id);
+                    self.sent.answer_resume(&id);
                 }
             }
             _ if what == sent::PLAN_RESUME => {

@@ -1062,7 +1062,7 @@ impl Call {
     /// [`ConnPlan::hold_resumes`] holds): `session.resumed` and the replay. Returns false when no resume
     /// of the session waits for an answer.
     pub fn answer_resume(&self) -> bool {
-        self.sim.with(|sent, now| sent.answer_resume(now, &self.id))
+        self.sim.with(|sent, _| sent.answer_resume(&self.id))
     }
 
     /// Sent will refuse the next resume of this session as if its window had passed.

@@ -395,7 +395,7 @@ impl Sent {
                 .get(&session_id)
                 .is_some_and(|s| s.resuming == Some(conn));
             if still {
-                self.resumed(now, conn, &session_id, read, false);
+                self.resumed(conn, &session_id, read, false);
             }
         }
     }
@@ -826,13 +826,13 @@ impl Sent {
         }
         let no_stream = settings.resume_without_audio || plan == ResumePlan::NoStream;
         if plan == ResumePlan::CollidingStream {
-            self.resumed_on_taken_stream(now, id, &session_id, read);
+            self.resumed_on_taken_stream(id, &session_id, read);
         } else {
-            self.resumed(now, id, &session_id, read, no_stream);
+            self.resumed(id, &session_id, read, no_stream);
         }
     }
 
-    fn resumed_on_taken_stream(&mut self, now: Instant, id: ConnId, session_id: &str, read: usize) {
+    fn resumed_on_taken_stream(&mut self, id: ConnId, session_id: &str, read: usize) {
         let taken = self.conns.get(&id).and_then(|c| {
             c.streams
                 .iter()
@@ -840,12 +840,12 @@ impl Sent {
                 .map(|(stream, _)| *stream)
                 .min()
         });
-        self.resume_on(now, id, session_id, read, Placement::Taken(taken));
+        self.resume_on(id, session_id, read, Placement::Taken(taken));
     }
 
     /// Answers a session's unanswered `session.resume` now, on the connection it came on: `session.resumed`
     /// and the replay. Returns false when no resume of the session waits for an answer.
-    pub fn answer_resume(&mut self, now: Instant, session_id: &str) -> bool {
+    pub fn answer_resume(&mut self, session_id: &str) -> bool {
         let Some((conn, read)) = self
             .sessions
             .get(session_id)
@@ -853,18 +853,11 @@ impl Sent {
         else {
             return false;
         };
-        self.resumed(now, conn, session_id, read, false);
+        self.resumed(conn, session_id, read, false);
         true
     }
 
-    fn resumed(
-        &mut self,
-        now: Instant,
-        id: ConnId,
-        session_id: &str,
-        read: usize,
-        no_stream: bool,
-    ) {
+    fn resumed(&mut self, id: ConnId, session_id: &str, read: usize, no_stream: bool) {
         let no_stream = no_stream
             || self
                 .conns
@@ -875,19 +868,12 @@ impl Sent {
         } else {
             Placement::Free
         };
-        self.resume_on(now, id, session_id, read, placement);
+        self.resume_on(id, session_id, read, placement);
     }
 
     /// Moves the session onto connection `id`, answers `session.resumed`, and replays what the agent did
     /// not read.
-    fn resume_on(
-        &mut self,
-        _now: Instant,
-        id: ConnId,
-        session_id: &str,
-        read: usize,
-        placement: Placement,
-    ) {
+    fn resume_on(&mut self, id: ConnId, session_id: &str, read: usize, placement: Placement) {
         let token = self.token();
         let window_ms = self.config.window_ms as i64;
         let Some(sess) = self.sessions.get_mut(session_id) else {
