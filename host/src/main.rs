@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use voicehost::agent::Dial;
-use voicehost::agent::{self, AgentConfig};
+use voicehost::agent::{self, Admission, AgentConfig, Gate};
 use voicehost::agent::{CallRules, FailurePolicy};
 use voicehost::api;
 use voicehost::cli;
@@ -81,6 +81,10 @@ struct RunArgs {
     /// Connections to hold at once.
     #[arg(long, default_value_t = limits::CONNECTIONS)]
     connections: usize,
+    /// Live calls at once: the size of the instance pool (each call reserves address space, see the
+    /// README's limits). A call past it gets the failure policy.
+    #[arg(long, default_value_t = limits::MAX_CALLS)]
+    max_calls: usize,
     /// Guest CPU time per handler call, in milliseconds.
     #[arg(long, default_value_t = limits::DEFAULTS.cpu_ms)]
     cpu_ms: u64,
@@ -172,7 +176,8 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     let wasm = std::fs::read(&args.agent)
         .with_context(|| format!("cannot read {}", args.agent.display()))?;
-    let mut sandbox = Sandbox::new()?;
+    limits::check_max_calls(args.max_calls).map_err(|e| anyhow!("--max-calls {}", e.problem))?;
+    let mut sandbox = Sandbox::for_calls(args.max_calls)?;
     if let Some(dir) = &args.cache_dir {
         // Said now, not as a warning at the first compile.
         voicehost::content::ensure_writable(dir)
@@ -207,12 +212,15 @@ async fn run(args: RunArgs) -> Result<()> {
         policy: args.on_repeated_traps,
         ..CallRules::default()
     };
-    let config = AgentConfig::fixed(
-        Dial::new(args.url, args.agent_id, api_key),
-        code,
-        rules,
-        args.connections,
-    );
+    let config = AgentConfig {
+        admission: Admission::new(vec![Gate::new(args.max_calls)]),
+        ..AgentConfig::fixed(
+            Dial::new(args.url, args.agent_id, api_key),
+            code,
+            rules,
+            args.connections,
+        )
+    };
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;

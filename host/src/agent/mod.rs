@@ -1,10 +1,12 @@
 //! One agent as the host serves it: its connections to Sent and its calls. The rules are in the core's
 //! [`Router`] (connections, routing) and [`voicehost_proto::call`] (each call); this module is the I/O
 //! around them. One lock
-//! holds the router; the router task feeds it the connections' events (one bounded FIFO, `opened` before
-//! any frame) and the clock, each call's task feeds it its guest's requests, and whoever fed it carries
-//! out what it asks while still holding the lock (queueing on a connection never waits), so that what the
-//! router decided reaches the sockets in the order it decided it.
+//! holds the router; each connection's task feeds it that connection's events itself, in order (`opened`
+//! before any frame, `closed` last), the router task feeds it the clock, each call's task feeds it its
+//! guest's requests, and whoever fed it carries out what it asks while still holding the lock (queueing on
+//! a connection never waits), so that what the router decided reaches the sockets in the order it decided
+//! it. A frame from Sent thus crosses three tasks: its connection's reader, its call's task (the guest),
+//! and the connection's writer.
 
 mod admission;
 mod call_task;
@@ -17,11 +19,11 @@ pub use voicehost_proto::call::FailurePolicy;
 
 use crate::sandbox::AgentCode;
 use crate::stats::Stats;
-use connection::{Event, Outbox, EVENTS_BOUND};
+use connection::{Event, EventSink, Outbox};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::JoinHandle;
 use voicehost_proto::call::{self, CallKey, ConnId, Refused, ToolAnswer};
 use voicehost_proto::router::{Closing, Output, Router, RouterConfig};
@@ -81,14 +83,21 @@ struct Shared {
     dials: HashMap<ConnId, JoinHandle<()>>,
     /// The tasks of open connections: awaited when the agent stops, so their close reaches Sent.
     open: HashMap<ConnId, JoinHandle<()>>,
+    /// Sent refused the agent for a reason that needs a person: the router task stops serving.
+    fatal: Option<ConnectError>,
+    /// The agent has stopped serving: a connection's events find nobody (it closes with 1001).
+    stopped: bool,
 }
 
 /// One served agent.
 struct Agent {
     shared: Mutex<Shared>,
-    /// A guest's request set a new deadline: the router task looks again.
+    /// A request or a connection's event may have set a new deadline (or a fatal refusal): the router
+    /// task looks again.
     timers: Notify,
     dial: Dial,
+    /// What the connections' tasks hand their events to: this agent, weakly (a connection's task does
+    /// not keep a stopped agent alive).
     events: connection::Events,
     deployment: watch::Receiver<Arc<Deployment>>,
     admission: Admission,
@@ -102,7 +111,6 @@ pub async fn serve(
     stats: Arc<Stats>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ConnectError> {
-    let (events, mut incoming) = mpsc::channel(EVENTS_BOUND);
     let rules = config.deployment.borrow().rules.clone();
     let router = Router::new(
         RouterConfig {
@@ -113,7 +121,7 @@ pub async fn serve(
         fastrand::u64(..),
         Instant::now(),
     );
-    let agent = Arc::new(Agent {
+    let agent = Arc::new_cyclic(|me: &Weak<Agent>| Agent {
         shared: Mutex::new(Shared {
             router,
             exported: voicehost_proto::Stats::default(),
@@ -122,10 +130,12 @@ pub async fn serve(
             wakers: HashMap::new(),
             dials: HashMap::new(),
             open: HashMap::new(),
+            fatal: None,
+            stopped: false,
         }),
         timers: Notify::new(),
         dial: config.dial,
-        events,
+        events: Arc::new(Feed(me.clone())),
         deployment: config.deployment.clone(),
         admission: config.admission,
         stats,
@@ -147,18 +157,6 @@ pub async fn serve(
                     break Ok(());
                 }
             }
-            Some((conn, event)) = incoming.recv() => {
-                let mut fatal = agent.with(|shared| agent.handle(shared, conn, event));
-                // Whatever else is waiting, under the same lock.
-                for _ in 0..64 {
-                    let Ok((conn, event)) = incoming.try_recv() else { break };
-                    fatal = fatal.or(agent.with(|shared| agent.handle(shared, conn, event)));
-                }
-                if let Some(error) = fatal {
-                    tracing::error!(%error, "Sent refused the agent: stopping");
-                    break Err(error);
-                }
-            }
             () = agent.timers.notified() => {}
             () = sleep => {}
             Ok(()) = deployments.changed() => {
@@ -166,16 +164,18 @@ pub async fn serve(
                 agent.with(|shared| shared.router.set_rules(rules.call, rules.policy));
             }
         }
-        // Whatever woke the loop, what is due is done now: a flood of events never keeps a timer waiting
-        // (at most 65 events are handled in between).
+        // Whatever woke the loop, what is due is done now. The connections' events are handled in their
+        // own tasks, so no flood of them keeps this one from its timers.
         let now = Instant::now();
-        if agent
-            .lock()
-            .router
-            .poll_timeout()
-            .is_some_and(|at| at <= now)
-        {
-            agent.with(|shared| shared.timeout(now));
+        let fatal = agent.with(|shared| {
+            if shared.router.poll_timeout().is_some_and(|at| at <= now) {
+                shared.timeout(now);
+            }
+            shared.fatal.take()
+        });
+        if let Some(error) = fatal {
+            tracing::error!(%error, "Sent refused the agent: stopping");
+            break Err(error);
         }
     };
     let closing = agent.with(|shared| {
@@ -196,7 +196,35 @@ pub async fn serve(
         tracing::warn!("a connection did not close in time: dropped");
         aborts.iter().for_each(tokio::task::AbortHandle::abort);
     }
+    agent.lock().stopped = true;
     result
+}
+
+/// The agent as its connections' [`EventSink`].
+struct Feed(Weak<Agent>);
+
+impl EventSink for Feed {
+    fn handle(&self, conn: ConnId, event: Event) -> bool {
+        let Some(agent) = self.0.upgrade() else {
+            return false;
+        };
+        // Audio sets no deadline; every other event may (a start's, a connection's dead line, a fatal
+        // refusal): the router task looks again.
+        let timers = !matches!(event, Event::Audio { .. });
+        let listened = agent.with(|shared| {
+            if shared.stopped {
+                return false;
+            }
+            if let Some(error) = agent.handle(shared, conn, event) {
+                shared.fatal = Some(error);
+            }
+            true
+        });
+        if timers {
+            agent.timers.notify_one();
+        }
+        listened
+    }
 }
 
 /// How long a stopping agent waits for its connections' closing handshakes.

@@ -8,7 +8,7 @@
 //! quotes a key.
 
 use crate::agent::Dial;
-use crate::sandbox::limits::RANGES;
+use crate::sandbox::limits::{self, RANGES};
 use crate::sandbox::outbound::{MAX_RESPONSE_BYTES, MAX_TIMEOUT};
 use crate::tenancy::{valid_agent_id, KeySource, ServeConfig, MAX_CONNECTIONS};
 use std::collections::BTreeSet;
@@ -44,6 +44,7 @@ pub fn run(data: &[u8]) {
         assert!(path.is_absolute(), "{} is relative", path.display());
     }
     assert!((1..=MAX_CONNECTIONS).contains(&config.connections));
+    assert!((1..=limits::MAX_CALLS_CAP).contains(&config.max_calls));
     assert!(
         Dial::check_url(&config.sent_url).is_ok(),
         "{}",
@@ -105,7 +106,7 @@ pub fn run(data: &[u8]) {
 }
 
 /// Every limit from 1 to its maximum, and what the host derives from it without overflow.
-fn within_bounds(limits: &crate::sandbox::limits::ResolvedLimits) {
+fn within_bounds(limits: &limits::ResolvedLimits) {
     assert_eq!(limits.check(), Ok(()));
     for ((key, min, max, _), value) in RANGES.iter().zip(limits.values()) {
         assert!((*min..=*max).contains(&value), "{key} = {value}");

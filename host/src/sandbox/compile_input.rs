@@ -6,26 +6,28 @@ use super::limits;
 use std::path::PathBuf;
 use wasmtime::{Config, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-/// The engine's settings: with `for_instances`, the shared pool and parallel compiling; without, what a
-/// process that only compiles needs (no pool, one core). Compiled code depends only on what its hash
-/// covers (target, Cranelift's flags, tunables, features), which both share: the compiling child's code
-/// loads in the host.
-pub(super) fn config(for_instances: bool) -> Config {
+/// The engine's settings: with `max_calls`, the shared pool for that many live calls and parallel
+/// compiling; without, what a process that only compiles needs (no pool, one core). Compiled code depends
+/// only on what its hash covers (target, Cranelift's flags, tunables, features), which both share and the
+/// pool's size is not part of: the compiling child's code loads in the host, whatever `max_calls` is.
+pub(super) fn config(max_calls: Option<usize>) -> Config {
     let mut config = Config::new();
     config.epoch_interruption(true);
-    if !for_instances {
+    let Some(max_calls) = max_calls else {
         config.parallel_compilation(false);
         return config;
-    }
-    // The shared pool. A component over the per-component maxima is refused at upload; under them, one
-    // tenant's calls (`max_sessions`, 100 by default) hold at most 3,200 core instances, 400 memories
-    // and 800 tables of these totals.
+    };
+    // The shared pool: room for `max_calls` instances (checked by `limits::check_max_calls`, which
+    // states the address space it reserves). A component over the per-component maxima is refused at
+    // upload; under them, one tenant's calls (`max_sessions`, 100 by default) hold at most 3,200 core
+    // instances, 400 memories and 800 tables.
+    let calls = max_calls as u32;
     let mut pool = PoolingAllocationConfig::default();
-    pool.total_component_instances(1000);
-    pool.total_core_instances(10_000);
-    pool.total_memories(2000);
-    pool.total_tables(4000);
-    pool.total_stacks(1000);
+    pool.total_component_instances(calls);
+    pool.total_core_instances(calls * limits::CORE_INSTANCES_PER_CALL);
+    pool.total_memories(calls * limits::MEMORIES_PER_CALL);
+    pool.total_tables(calls * limits::TABLES_PER_CALL);
+    pool.total_stacks(calls);
     pool.max_core_instances_per_component(limits::MAX_CORE_INSTANCES_PER_COMPONENT);
     pool.max_memories_per_component(limits::MAX_MEMORIES_PER_COMPONENT);
     pool.max_tables_per_component(limits::MAX_TABLES_PER_COMPONENT);

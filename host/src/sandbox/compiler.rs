@@ -204,7 +204,7 @@ pub fn child_main(output: &Path, cpu_seconds: u64, memory_bytes: u64, parent: u3
         eprintln!("cannot read the component: {error}");
         return 1;
     }
-    let engine = match wasmtime::Engine::new(&super::compile_input::config(false)) {
+    let engine = match wasmtime::Engine::new(&super::compile_input::config(None)) {
         Ok(engine) => engine,
         Err(error) => return out_of_memory_or(error, 1),
     };

@@ -5,7 +5,8 @@ use super::compile_input::{config, Wasm};
 use super::compiler::{ChildCompiler, ChildFailure};
 use super::guest_log::clip;
 use super::imports::HostState;
-use super::{bindings, outbound, Limits, TICK};
+use super::native::NativeAgent;
+use super::{bindings, limits, outbound, Limits, TICK};
 use crate::content::{remove_partials, write_atomically, Digest, TempFile};
 use anyhow::Result;
 use std::collections::BTreeSet;
@@ -30,13 +31,23 @@ pub struct Sandbox {
     /// Compiles in a child process under bounds, when set; else in this process, unbounded (tests,
     /// benches, `voicehost run` of the operator's own file).
     compiler: Option<ChildCompiler>,
+    /// Live calls the pool has room for.
+    max_calls: usize,
 }
 
 impl Sandbox {
-    /// A new engine (pooling allocator, epoch interruption) with the host's imports linked, and its epoch
-    /// ticker thread; no cache.
+    /// A new engine (pooling allocator for [`limits::MAX_CALLS`] calls, epoch interruption) with the
+    /// host's imports linked, and its epoch ticker thread; no cache.
     pub fn new() -> Result<Sandbox> {
-        let engine = Engine::new(&config(true))?;
+        Sandbox::for_calls(limits::MAX_CALLS)
+    }
+
+    /// [`Sandbox::new`] with room in the pool for `max_calls` live calls (see
+    /// [`limits::check_max_calls`]). Instantiating past them fails: whoever admits calls keeps them
+    /// within it (`serve` counts every call under the host's `max_calls`).
+    pub fn for_calls(max_calls: usize) -> Result<Sandbox> {
+        limits::check_max_calls(max_calls)?;
+        let engine = Engine::new(&config(Some(max_calls)))?;
         let mut without_http: Linker<HostState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut without_http)?;
         bindings::Agent::add_to_linker::<HostState, HasSelf<HostState>>(&mut without_http, |s| s)?;
@@ -59,7 +70,13 @@ impl Sandbox {
             without_http: Arc::new(without_http),
             cache: None,
             compiler: None,
+            max_calls,
         })
+    }
+
+    /// Live calls the pool has room for (see [`Sandbox::for_calls`]).
+    pub fn max_calls(&self) -> usize {
+        self.max_calls
     }
 
     /// Compiles in a child process under `compiler`'s bounds (see [`compiler`](super::compiler)) rather
@@ -237,9 +254,11 @@ impl Sandbox {
             .map_or(0, |pages| pages.saturating_mul(64 << 10));
         let image = component.image_range();
         Ok(AgentCode {
-            engine: self.engine.clone(),
-            pre,
-            pre_without_http,
+            form: Form::Wasm {
+                engine: self.engine.clone(),
+                pre,
+                pre_without_http,
+            },
             cached: from_cache,
             least_memory_bytes,
             compiled_bytes: (image.end.addr() - image.start.addr()) as u64,
@@ -443,16 +462,37 @@ pub enum LoadError {
 /// One agent version, compiled and pre-linked: instances are cheap to make from it.
 #[derive(Clone)]
 pub struct AgentCode {
-    pub(super) engine: Engine,
-    pub(super) pre: bindings::AgentPre<HostState>,
-    /// For calls whose HTTP policy allows no origin: `wasi:http` is not linked, its imports trap.
-    pub(super) pre_without_http: bindings::AgentPre<HostState>,
+    pub(super) form: Form,
     cached: bool,
     least_memory_bytes: u64,
     compiled_bytes: u64,
 }
 
+/// What an agent's calls run: its component, or host code (see [`super::native`]).
+// One per agent version and per live call's instance: 328 bytes each is not worth a box.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+pub(super) enum Form {
+    Wasm {
+        engine: Engine,
+        pre: bindings::AgentPre<HostState>,
+        /// For calls whose HTTP policy allows no origin: `wasi:http` is not linked, its imports trap.
+        pre_without_http: bindings::AgentPre<HostState>,
+    },
+    Native(Arc<dyn NativeAgent>),
+}
+
 impl AgentCode {
+    /// An agent that is host code, not a component: for measuring what the sandbox costs.
+    pub fn native(agent: Arc<dyn NativeAgent>) -> AgentCode {
+        AgentCode {
+            form: Form::Native(agent),
+            cached: false,
+            least_memory_bytes: 0,
+            compiled_bytes: 0,
+        }
+    }
+
     /// Whether the compiled code came from the cache rather than a compilation.
     pub fn from_cache(&self) -> bool {
         self.cached

@@ -1,10 +1,11 @@
 //! The instance serving one call: one Store at a time, its handlers called one event at a time under the
 //! call's limits, and a fresh Store after a trap.
 
-use super::engine::AgentCode;
+use super::engine::{AgentCode, Form};
 use super::guest_log::{clip, GuestOutput};
 use super::imports::HostState;
 use super::limits::{MAX_COMPONENT_HANDLES, MAX_HOSTCALL_BYTES};
+use super::native::NativeAgent;
 use super::trap::{classify, TrapKind, TrapReport};
 use super::wit::{SessionEnd, ToolResult, UnknownFrame, UserSaid};
 use super::{bindings, GuestImports, Limits};
@@ -84,12 +85,18 @@ pub enum Outcome {
     },
 }
 
+/// A call's instance: a Store and the guest in it, or host code (no Store to poison).
+enum Live {
+    Wasm(Store<HostState>, bindings::Agent),
+    Native(Arc<dyn NativeAgent>),
+}
+
 /// The instance serving one call. After a trap it is rebuilt from the same `InstancePre` on the next call.
 pub struct Instance {
     code: AgentCode,
     imports: Arc<dyn GuestImports>,
     limits: Limits,
-    live: Option<(Store<HostState>, bindings::Agent)>,
+    live: Option<Live>,
     /// Guest output shared by every Store of this call, so a rebuilt instance keeps the rate limit.
     output: GuestOutput,
 }
@@ -115,9 +122,7 @@ impl Instance {
 
     // Not `&self` across the await: a Store is Send but not Sync. Under the wall-clock bound of a handler
     // call: a component's start functions run guest code, which could wait in an import for ever.
-    fn instantiate(
-        &self,
-    ) -> impl Future<Output = Result<(Store<HostState>, bindings::Agent)>> + Send + 'static {
+    fn instantiate(&self) -> impl Future<Output = Result<Live>> + Send + 'static {
         let (code, imports, limits, output) = (
             self.code.clone(),
             self.imports.clone(),
@@ -138,9 +143,17 @@ async fn instantiate(
     imports: Arc<dyn GuestImports>,
     limits: &Limits,
     output: GuestOutput,
-) -> Result<(Store<HostState>, bindings::Agent)> {
+) -> Result<Live> {
+    let (engine, pre, pre_without_http) = match &code.form {
+        Form::Wasm {
+            engine,
+            pre,
+            pre_without_http,
+        } => (engine, pre, pre_without_http),
+        Form::Native(agent) => return Ok(Live::Native(agent.clone())),
+    };
     let state = HostState::new(imports, limits, output);
-    let mut store = Store::new(&code.engine, state);
+    let mut store = Store::new(engine, state);
     store.limiter(|state| state);
     store.set_hostcall_fuel(MAX_HOSTCALL_BYTES);
     store.set_max_component_handles(MAX_COMPONENT_HANDLES);
@@ -155,12 +168,12 @@ async fn instantiate(
     });
     store.set_epoch_deadline(1);
     let pre = if limits.http.allow.is_empty() {
-        &code.pre_without_http
+        pre_without_http
     } else {
-        &code.pre
+        pre
     };
     let agent = pre.instantiate_async(&mut store).await?;
-    Ok((store, agent))
+    Ok(Live::Wasm(store, agent))
 }
 
 impl Instance {
@@ -178,7 +191,14 @@ impl Instance {
                 }
             }
         }
-        let Some((store, agent)) = self.live.as_mut() else {
+        if let Some(Live::Native(agent)) = &self.live {
+            let call = agent.call(&*self.imports, event);
+            return match tokio::time::timeout(self.limits.wall_per_call, call).await {
+                Ok(outcome) => outcome,
+                Err(_) => self.over_wall(event),
+            };
+        }
+        let Some(Live::Wasm(store, agent)) = self.live.as_mut() else {
             return Outcome::Trapped {
                 kind: TrapKind::Other,
                 report: TrapReport::outside("no instance"),
@@ -204,25 +224,29 @@ impl Instance {
             Ok(Ok(Ok(()))) => Outcome::Ok,
             Ok(Ok(Err(message))) => Outcome::Failed(clip(&message).to_string()),
             Ok(Err(error)) => {
-                let memory = self.live.as_ref().is_some_and(|(s, _)| s.data().memory_hit);
+                let memory = matches!(&self.live, Some(Live::Wasm(s, _)) if s.data().memory_hit);
                 Outcome::Trapped {
                     kind: classify(&error, memory),
                     report: TrapReport::of(&error),
                 }
             }
-            Err(_) => Outcome::Trapped {
-                kind: TrapKind::WallDeadline,
-                report: TrapReport::outside(format!(
-                    "{} took longer than {:?}",
-                    event.name(),
-                    self.limits.wall_per_call
-                )),
-            },
+            Err(_) => self.over_wall(event),
         };
         if matches!(outcome, Outcome::Trapped { .. }) {
             // A trap poisons the whole Store: the next call gets a fresh one.
             self.live = None;
         }
         outcome
+    }
+
+    fn over_wall(&self, event: &Event) -> Outcome {
+        Outcome::Trapped {
+            kind: TrapKind::WallDeadline,
+            report: TrapReport::outside(format!(
+                "{} took longer than {:?}",
+                event.name(),
+                self.limits.wall_per_call
+            )),
+        }
     }
 }

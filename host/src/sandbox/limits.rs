@@ -94,6 +94,32 @@ pub const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
 /// See [`MAX_CORE_INSTANCES_PER_COMPONENT`].
 pub const MAX_TABLES_PER_COMPONENT: u32 = 8;
 
+/// Live calls one host holds at once by default (`max_calls`): the size of the shared instance pool.
+pub const MAX_CALLS: usize = 1_000;
+/// The most `max_calls` may be. Each call's room in the pool reserves address space, not memory:
+/// [`MEMORIES_PER_CALL`] linear-memory slots of 4 GiB and 32 MiB of guard each (wasmtime's default
+/// reservation, which spares 32-bit guests their bounds checks) and [`TABLES_PER_CALL`] table slots of
+/// [`MAX_TABLE_ELEMENTS`] elements, about 8.3 TiB per 1,000 calls; 10,000 calls take 83 TiB of the
+/// 128 TiB an x86-64 process may map.
+pub const MAX_CALLS_CAP: usize = 12_000;
+/// Memory slots per call in the pool: a Rust, Python or StarlingMonkey agent has one, QuickJS two.
+pub const MEMORIES_PER_CALL: u32 = 2;
+/// Table slots per call in the pool: every agent measured has two.
+pub const TABLES_PER_CALL: u32 = 4;
+/// Core instances per call in the pool: a Rust agent has 3, QuickJS 9, Python 14.
+pub const CORE_INSTANCES_PER_CALL: u32 = 10;
+
+/// Why `max_calls` cannot be used, if it cannot.
+pub fn check_max_calls(max_calls: usize) -> Result<(), LimitError> {
+    if (1..=MAX_CALLS_CAP).contains(&max_calls) {
+        return Ok(());
+    }
+    Err(LimitError {
+        key: "max_calls",
+        problem: format!("= {max_calls}: use 1 to {MAX_CALLS_CAP}"),
+    })
+}
+
 /// Component-model handles an instance may hold at once (to host resources and its own): a guest makes
 /// these without host code in the loop (`resource.new`). More traps the instance.
 pub const MAX_COMPONENT_HANDLES: usize = 1_000;

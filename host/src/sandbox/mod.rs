@@ -12,7 +12,8 @@
 //! upload in a child process under bounds), `compile_input.rs` (what both take: the engine's settings, a
 //! component's bytes), `imports.rs` (the host's side of
 //! the guest's imports, and the meters behind the limits), `instance.rs` (one call's instance and its
-//! handler calls), `trap.rs` (what kind of trap ended a handler), `guest_log.rs` (the guest's log, rate
+//! handler calls), `native.rs` (an agent as host code, to measure the sandbox against), `trap.rs` (what
+//! kind of trap ended a handler), `guest_log.rs` (the guest's log, rate
 //! limited), `limits.rs` (the limits' defaults) and `outbound.rs` (its HTTP requests).
 
 use std::future::Future;
@@ -30,6 +31,7 @@ mod guest_log;
 mod imports;
 mod instance;
 pub mod limits;
+mod native;
 pub mod outbound;
 mod trap;
 
@@ -37,6 +39,7 @@ pub use compile_input::Wasm;
 pub use compiler::{ChildCompiler, CompileBounds};
 pub use engine::{blocking, AgentCode, LoadError, Sandbox};
 pub use instance::{Event, Instance, Outcome, HANDLERS};
+pub use native::NativeAgent;
 pub use outbound::{HttpPolicy, Origin};
 pub use trap::{TrapKind, TrapReport};
 

@@ -27,6 +27,11 @@ pub struct ServeConfig {
     /// Connections to Sent per active agent, 1 to [`MAX_CONNECTIONS`].
     #[serde(default = "default_connections")]
     pub connections: usize,
+    /// Live calls this host holds at once across every tenant, 1 to [`limits::MAX_CALLS_CAP`]: the size
+    /// of the shared instance pool (see [`limits::MAX_CALLS_CAP`] for the address space each reserves).
+    /// A call past it gets its agent's failure policy, as one past a session cap does.
+    #[serde(default = "default_max_calls")]
+    pub max_calls: usize,
     /// The admin API's listener and the `/metrics` token (`[admin]`).
     #[serde(default)]
     pub admin: AdminConfig,
@@ -512,6 +517,10 @@ fn default_connections() -> usize {
     limits::CONNECTIONS
 }
 
+fn default_max_calls() -> usize {
+    limits::MAX_CALLS
+}
+
 /// The most connections to Sent one agent may keep (`connections`): more add nothing but sockets.
 pub const MAX_CONNECTIONS: usize = 16;
 
@@ -678,7 +687,7 @@ impl ServeConfig {
     }
 
     /// Parses a config's text and checks its host-wide settings (the Sent URL, the connections per agent,
-    /// the `/metrics` token); the tenants are checked by [`ServeConfig::tenants()`].
+    /// the calls per host, the `/metrics` token); the tenants are checked by [`ServeConfig::tenants()`].
     pub fn parse(text: &str) -> anyhow::Result<ServeConfig> {
         let config: ServeConfig = toml::from_str(text)?;
         Dial::check_url(&config.sent_url).map_err(|e| anyhow::anyhow!("sent_url: {e}"))?;
@@ -687,6 +696,7 @@ impl ServeConfig {
             "connections = {}: use 1 to {MAX_CONNECTIONS}",
             config.connections
         );
+        limits::check_max_calls(config.max_calls)?;
         config.metrics_token()?;
         config.compile.check()?;
         config.admin.check()?;
@@ -918,6 +928,14 @@ mod tests {
             (
                 "data_dir = \"d\"\nconnections = 17",
                 "connections = 17: use 1 to 16",
+            ),
+            (
+                "data_dir = \"d\"\nmax_calls = 0",
+                "max_calls = 0: use 1 to 12000",
+            ),
+            (
+                "data_dir = \"d\"\nmax_calls = 12001",
+                "max_calls = 12001: use 1 to 12000",
             ),
             (
                 "data_dir = \"d\"\nsent_url = \"https://voice.sent.dm/v1\"",

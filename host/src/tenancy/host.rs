@@ -110,6 +110,8 @@ pub struct Tenancy {
     sandbox: Sandbox,
     sent_url: String,
     connections: usize,
+    /// Every call of the host counts under this cap (`max_calls`): the instance pool holds no more.
+    calls: Arc<Gate>,
     /// Replaced whole when the config is reloaded.
     tenants: RwLock<Tenants>,
     metrics_token: RwLock<Option<TokenHash>>,
@@ -165,7 +167,8 @@ impl Tenancy {
         let uploads_dir = config.data_dir.join("uploads");
         remove_partials(&uploads_dir)
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", uploads_dir.display()))?;
-        let mut sandbox = Sandbox::new()?.with_cache(config.data_dir.join("compiled"));
+        let mut sandbox =
+            Sandbox::for_calls(config.max_calls)?.with_cache(config.data_dir.join("compiled"));
         if let Some(program) = compiler {
             sandbox = sandbox.with_compiler(ChildCompiler {
                 program,
@@ -182,6 +185,7 @@ impl Tenancy {
             sandbox,
             sent_url: config.sent_url.clone(),
             connections: config.connections,
+            calls: Gate::new(config.max_calls),
             tenants: RwLock::new(tenants),
             registry: tokio::sync::Mutex::new(registry),
             running: Mutex::new(BTreeMap::new()),
@@ -303,8 +307,13 @@ impl Tenancy {
                 "data_dir changed: the host keeps the one it started with until a restart"
             );
         }
-        if config.sent_url != self.sent_url || config.connections != self.connections {
-            tracing::warn!("sent_url or connections changed: they apply from the next restart");
+        if config.sent_url != self.sent_url
+            || config.connections != self.connections
+            || config.max_calls != self.sandbox.max_calls()
+        {
+            tracing::warn!(
+                "sent_url, connections or max_calls changed: they apply from the next restart"
+            );
         }
         // No admin change in between.
         let registry = self.registry.lock().await;
@@ -883,7 +892,7 @@ impl Tenancy {
             return;
         };
         let agent_gate = Gate::new(tenant_config.agent_session_cap(agent).unwrap_or(usize::MAX));
-        let gates = vec![tenant_gate, agent_gate.clone()];
+        let gates = vec![self.calls.clone(), tenant_gate, agent_gate.clone()];
         let (deployments, receiver) = watch::channel(deployment);
         let (stop, stopped) = watch::channel(false);
         let stats = Arc::new(Stats::default());

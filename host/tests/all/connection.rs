@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc::{self, Receiver};
+use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -20,7 +20,7 @@ use voicehost::agent::connection::{self, ConnectError, Dial, Event, Outbox};
 use voicehost::stats::Stats;
 use voicehost_proto::call::CallKey;
 
-type Events = Receiver<(u64, Event)>;
+type Events = UnboundedReceiver<(u64, Event)>;
 
 const WAIT: Duration = Duration::from_secs(3);
 
@@ -40,12 +40,12 @@ fn dial(sim: &Sim) -> Dial {
 
 /// Starts connection `id`'s task on `dial`, and returns its raw events.
 fn start(id: u64, dial: &Dial) -> Events {
-    let (tx, rx) = mpsc::channel(connection::EVENTS_BOUND);
+    let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(connection::run(
         id,
         dial.clone(),
         Duration::ZERO,
-        tx,
+        Arc::new(tx),
         Arc::new(Stats::default()),
     ));
     rx
@@ -66,14 +66,14 @@ async fn opened(
 async fn open(sim: &Sim, id: u64) -> (Arc<Outbox>, Events, ConnHandle) {
     let mut raw = start(id, &dial(sim));
     let (_, outbox) = opened(&mut raw).await;
-    let (forward, rx) = mpsc::channel(connection::EVENTS_BOUND);
+    let (forward, rx) = mpsc::unbounded_channel();
     let pongs = outbox.clone();
     tokio::spawn(async move {
         while let Some((id, event)) = raw.recv().await {
             match event {
                 Event::Ping(ts) => pongs.pong(voicehost_proto::wire::pong(ts)),
                 event => {
-                    if forward.send((id, event)).await.is_err() {
+                    if forward.send((id, event)).is_err() {
                         return;
                     }
                 }

@@ -10,6 +10,7 @@ mod containment;
 mod crash;
 mod filesystem;
 mod guest_faults;
+mod load;
 mod operator;
 mod outbound;
 mod policy;

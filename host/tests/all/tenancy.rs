@@ -405,6 +405,43 @@ async fn a_call_over_the_tenants_session_cap_gets_the_failure_policy_at_once_and
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_the_hosts_max_calls_gets_its_failure_policy_whichever_tenant_holds_the_room() {
+    let hosting = Hosting::start_with("max-calls", "max_calls = 1", "").await;
+    hosting
+        .deploy(GLOBEX_TOKEN, "agent_globex", "conformance")
+        .await;
+    hosting
+        .deploy(ACME_TOKEN, "agent_acme", "conformance")
+        .await;
+    let mut globex = hosting.connection("agent_globex").await.start_text();
+    globex
+        .expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    // The pool has room for one instance: the other tenant's call is refused by the host's cap, not
+    // left to fail at instantiation.
+    let acme = hosting.connection("agent_acme").await;
+    let mut refused = acme.start_text();
+    refused.expect_tool("hangup").await.unwrap();
+    until_metrics(&hosting, "the refused call is counted", |t| {
+        t.contains(&format!("voicehost_sessions_refused_total{{{ACME}}} 1"))
+    })
+    .await;
+
+    globex.end("completed");
+    until_metrics(&hosting, "the first call is done", |t| {
+        t.contains("voicehost_sessions_live{tenant=\"globex\",agent=\"agent_globex\"} 0")
+    })
+    .await;
+    let mut next = acme.start_text();
+    next.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    next.end("completed");
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_memory_and_cpu_limits_trap_its_agents_and_the_traps_are_counted_by_kind() {
     let limits = "[tenants.limits]\nmemory_mib = 16\ncpu_ms = 50\n\
                   [tenants.agents.agent_acme2.limits]\nmemory_mib = 128";

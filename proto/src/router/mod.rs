@@ -2,7 +2,7 @@
 //! dial (and when, with backoff), the one index of sessions and streams per connection, routing Sent's
 //! frames and audio to calls, draining, `connection_full`, carrying calls to another connection, retiring
 //! connections nobody needs. It owns every [`Call`]; [`super`] wraps it in a lock and moves inputs in
-//! (events of the connections in one FIFO, the guests' requests, the clock) and [`Output`]s out.
+//! (each connection's events in its order, the guests' requests, the clock) and [`Output`]s out.
 
 use crate::backoff;
 use crate::call::{

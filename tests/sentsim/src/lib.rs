@@ -3,7 +3,7 @@
 //! conformance agent in-process, an agent process that connects to `sentsim conformance --listen`, or
 //! voicehost. A second list, [`pressure`], puts Sent under timing pressure and at its limits, one agent
 //! per scenario; [`chaos`] runs many calls while Sent drops, closes and drains connections and refuses
-//! resumes at random.
+//! resumes at random. [`load`] is a lean Sent for many audio calls at once, for benchmarks.
 
 /// Declares `SCENARIOS`, a module's list of [`scenarios::Scenario`]s in the order they run: one line per
 /// scenario, `name: "meaning",` for one that needs nothing but the conformance agent, or
@@ -27,6 +27,7 @@ macro_rules! scenarios {
 
 pub mod calls;
 pub mod chaos;
+pub mod load;
 pub mod pressure;
 pub mod record;
 pub mod scenarios;

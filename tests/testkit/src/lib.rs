@@ -1,15 +1,17 @@
 //! What voicehost's tests and benches share (as wasmtime's test utilities are a crate of their own): a host
 //! serving one agent on the Sent simulator ([`Host`]), `voicehost serve` in-process with two tenants
 //! ([`Hosting`]), one raw request to the admin API ([`admin::send`]), so error answers can be checked as
-//! they are, and a call that does nothing ([`Quiet`]) for driving an instance directly. Never a dependency of the shipped crate.
+//! they are, a call that does nothing ([`Quiet`]) for driving an instance directly, and the conformance agent as host code ([`NativeConformance`]). Never a dependency of the shipped crate.
 
 pub mod admin;
 mod host;
 mod hosting;
+mod native;
 mod quiet;
 
 pub use host::{guest, init_tracing, sandbox, Host};
 pub use hosting::{metric, request, Hosting, ACME_KEY, ACME_TOKEN, GLOBEX_KEY, GLOBEX_TOKEN};
+pub use native::NativeConformance;
 pub use quiet::Quiet;
 
 /// The `voicehost` binary cargo built beside the running test or bench (it builds a package's binaries for

@@ -3,10 +3,12 @@
 //! rule: the reader and the writer record what they did in the [`Outbox`], and the agent reports it.
 //!
 //! [`run`] is the connection's task: it dials (with `TCP_NODELAY`), waits for `connection.ready`, then
-//! reads until the connection ends. Everything it has to say goes to its agent in one bounded FIFO, tagged
-//! with the connection's id, in order: [`Event::Opened`] (or [`Event::DialFailed`]) first, then Sent's
-//! frames, pings and audio, and exactly one [`Event::Closed`] last, however the task ends. What the agent
-//! writes goes through the connection's [`Outbox`], which the writer task drains, pongs first.
+//! reads until the connection ends. Everything it has to say it hands to its agent's [`EventSink`] itself,
+//! tagged with the connection's id, in order: [`Event::Opened`] (or [`Event::DialFailed`]) first, then
+//! Sent's frames, pings and audio, and exactly one [`Event::Closed`] last, however the task ends. The sink
+//! handles each at once (the agent's router, under its lock), so a frame costs no hop to another task and
+//! the reader reads on only once its last message is handled. What the agent writes goes through the
+//! connection's [`Outbox`], which the writer task drains, pongs first.
 //!
 //! Neither the API key nor the contents of a frame (which may hold a resume token) is ever logged.
 
@@ -41,16 +43,15 @@ use voicehost_proto::wire::{self, Frame, FromSent, MAX_MESSAGE_BYTES, SUBPROTOCO
 /// How long the upgrade may take, and again how long `connection.ready` may take after it (the SDK's 10 s).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A connection's read buffer: a dozen voice frames per read (see [`websocket_config`]).
+pub const READ_BUFFER_BYTES: usize = 8 << 10;
+
 /// How long a closing connection waits for Sent's side of the close handshake (or for the writer to finish).
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Messages Sent may send before `connection.ready` that are kept for after it (frames; pings are
 /// answered at once): more, and the connection is not one to keep.
 pub const MAX_EARLY: usize = 64;
-
-/// Events of every connection of one agent, to its router, at most this many waiting: a reader waits (and
-/// so does Sent's socket) rather than queue more.
-pub const EVENTS_BOUND: usize = 256;
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -213,8 +214,22 @@ pub enum Event {
     },
 }
 
-/// The FIFO of one agent's connections.
-pub type Events = mpsc::Sender<(ConnId, Event)>;
+/// Where a connection's events go: its agent, which handles each at once, in the connection's task.
+pub trait EventSink: Send + Sync + 'static {
+    /// Handles `event` of connection `id`; `false` when nobody listens any more (the connection then
+    /// closes with 1001, its calls resumable elsewhere).
+    fn handle(&self, id: ConnId, event: Event) -> bool;
+}
+
+/// A channel as a sink, for watching a connection's events from a test.
+impl EventSink for mpsc::UnboundedSender<(ConnId, Event)> {
+    fn handle(&self, id: ConnId, event: Event) -> bool {
+        self.send((id, event)).is_ok()
+    }
+}
+
+/// The sink of one agent's connections.
+pub type Events = Arc<dyn EventSink>;
 
 /// A connection's task: dials after `delay`, waits for `connection.ready`, tells the agent, then reads
 /// until the connection ends. [`Event::Closed`] is sent last whether the reading returns or panics.
@@ -230,7 +245,7 @@ pub async fn run(id: ConnId, dial: Dial, delay: Duration, events: Events, stats:
                     ConnectError::Transient(_) => warn!(%error, "could not connect"),
                     _ => tracing::error!(%error, "could not connect"),
                 }
-                let _ = events.send((id, Event::DialFailed(error))).await;
+                events.handle(id, Event::DialFailed(error));
                 return;
             }
         };
@@ -241,13 +256,13 @@ pub async fn run(id: ConnId, dial: Dial, delay: Duration, events: Events, stats:
             "ready"
         );
         let outbox = Arc::new(Outbox::default());
-        // [scenario: starts_behind_ready_not_dropped] `Opened` goes into the agent's one FIFO before the
-        // reader reads anything more: a frame written right behind `connection.ready` arrives after it.
+        // [scenario: starts_behind_ready_not_dropped] `Opened` is handled before the reader reads anything
+        // more: a frame written right behind `connection.ready` arrives after it.
         let opened = Event::Opened {
             ready,
             outbox: outbox.clone(),
         };
-        if events.send((id, opened)).await.is_err() {
+        if !events.handle(id, opened) {
             return;
         }
         let (sink, source) = socket.split();
@@ -268,7 +283,7 @@ pub async fn run(id: ConnId, dial: Dial, delay: Duration, events: Events, stats:
             .await
             .unwrap_or_else(|_| "the connection's reader panicked".into());
         info!(why = %why, "closed");
-        let _ = events.send((id, Event::Closed { why })).await;
+        events.handle(id, Event::Closed { why });
     }
     .instrument(span)
     .await
@@ -282,9 +297,13 @@ pub async fn open(dial: &Dial) -> Result<(Socket, ConnectionReady, Vec<Event>), 
 }
 
 /// The WebSocket limits (scenario `oversized_message_closes_the_connection`): no message or frame past
-/// [`MAX_MESSAGE_BYTES`], and a bounded write buffer.
+/// [`MAX_MESSAGE_BYTES`], and a bounded write buffer. The read buffer is sized for voice frames: tungstenite
+/// zero-fills the free part of it before every read, which at its default 128 KiB cost more than the rest
+/// of reading an audio frame (a 20 ms frame at 16 kHz is 646 bytes on the wire; a larger message still
+/// arrives, in more reads).
 pub fn websocket_config() -> WebSocketConfig {
     WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
         .max_message_size(Some(MAX_MESSAGE_BYTES))
         .max_frame_size(Some(MAX_MESSAGE_BYTES))
         .write_buffer_size(128 << 10)
@@ -471,11 +490,11 @@ impl Reader {
         why
     }
 
-    /// Hands an event to the agent, marked as heard: while it waits for room in the FIFO, the time passes
+    /// Hands an event to the agent, marked as heard: while it waits for the agent's lock, the time passes
     /// as the agent's, not as Sent's silence.
-    async fn send(&self, event: Event) -> bool {
+    fn send(&self, event: Event) -> bool {
         self.outbox.heard(true);
-        let sent = self.events.send((self.id, event)).await.is_ok();
+        let sent = self.events.handle(self.id, event);
         self.outbox.heard(false);
         sent
     }
@@ -483,7 +502,7 @@ impl Reader {
     /// Reads until the connection ends, and says why it ended.
     async fn read(&mut self, early: Vec<Event>) -> String {
         for event in early {
-            if !self.send(event).await {
+            if !self.send(event) {
                 return self.give_up();
             }
         }
@@ -554,7 +573,7 @@ impl Reader {
                     }
                     match read(message, Some(&self.stats)) {
                         Read::Event(event) => {
-                            if !self.send(event).await {
+                            if !self.send(event) {
                                 return self.give_up();
                             }
                         }

@@ -229,8 +229,8 @@ impl Outbox {
         Activity { heard, written }
     }
 
-    /// The reader read a message from Sent: `true` while it hands it over (to the agent's FIFO), `false`
-    /// once it listens again.
+    /// The reader read a message from Sent: `true` while it hands it over (waiting for the agent's lock),
+    /// `false` once it listens again.
     pub(super) fn heard(&self, delivering: bool) {
         let since = Instant::now().saturating_duration_since(self.born);
         self.heard.store(
