@@ -157,7 +157,13 @@ pub async fn serve(
                     break Ok(());
                 }
             }
-            () = agent.timers.notified() => {}
+            () = agent.timers.notified() => {
+                // The router panicked in a connection's task: its state is not to be trusted.
+                assert!(
+                    !agent.shared.is_poisoned(),
+                    "the agent's router panicked while handling a connection's event"
+                );
+            }
             () = sleep => {}
             Ok(()) = deployments.changed() => {
                 let rules = deployments.borrow().rules.clone();
@@ -211,19 +217,23 @@ impl EventSink for Feed {
         // Audio sets no deadline; every other event may (a start's, a connection's dead line, a fatal
         // refusal): the router task looks again.
         let timers = !matches!(event, Event::Audio { .. });
-        let listened = agent.with(|shared| {
-            if shared.stopped {
-                return false;
-            }
-            if let Some(error) = agent.handle(shared, conn, event) {
-                shared.fatal = Some(error);
-            }
-            true
-        });
-        if timers {
+        let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            agent.with(|shared| {
+                if shared.stopped {
+                    return false;
+                }
+                if let Some(error) = agent.handle(shared, conn, event) {
+                    shared.fatal = Some(error);
+                }
+                true
+            })
+        }));
+        // A panic in the router (it poisons the lock) must stop the agent as loudly as when the router
+        // task handled these: the router task is woken to see it.
+        if timers || handled.is_err() {
             agent.timers.notify_one();
         }
-        listened
+        handled.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 }
 

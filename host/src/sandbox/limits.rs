@@ -86,8 +86,9 @@ pub const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// memories and tables. Measured (issue 11): a Rust agent has 3 instances, 1 memory and 2 tables;
 /// componentize-py's Python 14, 1 and 2; componentize-qjs's QuickJS 9, 2 and 2; StarlingMonkey 4, 1 and 2.
 /// A component over any of these is refused when it is uploaded. With a tenant's `max_sessions` at its
-/// default (100), one tenant's calls can take at most a third of the shared pool's core instances and a
-/// fifth of its memories and tables (see `engine.rs`), whatever its components are built to use.
+/// default (100) and `max_calls` at its (1,000), one tenant's calls can take at most a third of the shared
+/// pool's core instances and a fifth of its memories and tables (see `compile_input.rs`), whatever its
+/// components are built to use; a smaller `max_calls` leaves it a larger share.
 pub const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 32;
 /// See [`MAX_CORE_INSTANCES_PER_COMPONENT`].
 pub const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
