@@ -16,7 +16,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Bytes, Message};
 use tokio_tungstenite::WebSocketStream;
-use voicehost::agent::connection::{self, ConnectError, Dial, Event, Outbox};
+use voicehost::agent::connection::{self, ConnectError, Dial, Event, EventSink, Outbox};
 use voicehost::stats::Stats;
 use voicehost_proto::call::CallKey;
 
@@ -38,6 +38,16 @@ fn dial(sim: &Sim) -> Dial {
     Dial::new(sim.url(), CONFORMANCE_AGENT, CONFORMANCE_KEY)
 }
 
+/// A connection's events into a channel the test reads. Unbounded: each test's connection gets a handful
+/// of frames from the simulator, and the test reads them all.
+struct Watch(mpsc::UnboundedSender<(u64, Event)>);
+
+impl EventSink for Watch {
+    fn handle(&self, id: u64, event: Event) -> bool {
+        self.0.send((id, event)).is_ok()
+    }
+}
+
 /// Starts connection `id`'s task on `dial`, and returns its raw events.
 fn start(id: u64, dial: &Dial) -> Events {
     let (tx, rx) = mpsc::unbounded_channel();
@@ -45,7 +55,7 @@ fn start(id: u64, dial: &Dial) -> Events {
         id,
         dial.clone(),
         Duration::ZERO,
-        Arc::new(tx),
+        Arc::new(Watch(tx)),
         Arc::new(Stats::default()),
     ));
     rx

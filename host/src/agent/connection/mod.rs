@@ -25,7 +25,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::error::{CapacityError, UrlError};
@@ -219,13 +219,6 @@ pub trait EventSink: Send + Sync + 'static {
     /// Handles `event` of connection `id`; `false` when nobody listens any more (the connection then
     /// closes with 1001, its calls resumable elsewhere).
     fn handle(&self, id: ConnId, event: Event) -> bool;
-}
-
-/// A channel as a sink, for watching a connection's events from a test.
-impl EventSink for mpsc::UnboundedSender<(ConnId, Event)> {
-    fn handle(&self, id: ConnId, event: Event) -> bool {
-        self.send((id, event)).is_ok()
-    }
 }
 
 /// The sink of one agent's connections.
