@@ -166,6 +166,8 @@ fn start(command: Command) -> Result<()> {
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 async fn run(args: RunArgs) -> Result<()> {
+    // The flags first: a wrong one is said before any file is read.
+    limits::check_max_calls(args.max_calls).map_err(|e| anyhow!("--max-calls {}", e.problem))?;
     let api_key = match &args.api_key_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the API key from {}", path.display()))?
@@ -176,7 +178,6 @@ async fn run(args: RunArgs) -> Result<()> {
     };
     let wasm = std::fs::read(&args.agent)
         .with_context(|| format!("cannot read {}", args.agent.display()))?;
-    limits::check_max_calls(args.max_calls).map_err(|e| anyhow!("--max-calls {}", e.problem))?;
     let mut sandbox = Sandbox::for_calls(args.max_calls)?;
     if let Some(dir) = &args.cache_dir {
         // Said now, not as a warning at the first compile.
