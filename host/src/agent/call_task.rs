@@ -153,9 +153,8 @@ impl GuestImports for CallImports {
     }
 
     fn send_audio(&self, samples: Vec<i16>) {
-        let bytes: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
         self.agent
-            .with(|shared| shared.router.handle_send_audio(self.key, &bytes));
+            .with(|shared| shared.router.handle_send_audio(self.key, &samples));
     }
 
     fn tool(

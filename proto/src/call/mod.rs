@@ -470,8 +470,9 @@ pub struct Call {
     /// The last `call_ref` number issued (`t1`, `t2`, …), and the calls waiting for an answer.
     tools_issued: u64,
     waiting: Vec<Waiting>,
-    /// The guest's tool calls that timed out, unanswered yet: a late answer reaches the guest once.
-    timed_out: VecDeque<u64>,
+    /// The guest's tool calls that timed out, unanswered yet: a late answer reaches the guest once. Each
+    /// with whether it was still unwritten when it timed out (Sent may refuse it yet).
+    timed_out: VecDeque<(u64, bool)>,
     events: VecDeque<GuestEvent>,
     audio_queued: usize,
     frames_queued: (usize, usize),
@@ -782,14 +783,28 @@ impl Call {
                 // [scenario: refused_tool_call_answered] Sent refused a tool call: its newest waiting call
                 // (a handler waits on one at a time) gets Sent's code at once. Sent read the frame on the
                 // call's own connection, so it counts on both sides, as every frame read there does.
-                if let Some(at) = self.waiting.iter().rposition(|w| self.is_handed(w.n)) {
+                // Sent refuses a tool call as it reads it. A guest's tool call that timed out still
+                // unwritten went out before any the guest waits on now: the refusal is the oldest such
+                // call's (a late answer, delivered as one). One written before it timed out was read and
+                // held, not refused. (Unit tests `refusal_of_a_timed_out_tool_is_its_own`,
+                // `refusal_after_a_held_tool_timed_out_is_the_new_ones`; the property run found it.)
+                let answer = |n: u64| ToolAnswer {
+                    call_ref: call_ref(n),
+                    ok: false,
+                    error: Some((code.to_string(), error.error.message.clone())),
+                };
+                let late = self
+                    .timed_out
+                    .iter()
+                    .find(|(n, unwritten)| *unwritten && self.is_handed(*n));
+                if let Some(&(late, _)) = late {
+                    self.answered_late(late);
+                    let answer = answer(late);
+                    let bytes = answer.bytes();
+                    self.deliver(GuestEvent::ToolResult(answer), bytes, now, fx);
+                } else if let Some(at) = self.waiting.iter().rposition(|w| self.is_handed(w.n)) {
                     let waiting = self.waiting.remove(at);
-                    let answer = ToolAnswer {
-                        call_ref: call_ref(waiting.n),
-                        ok: false,
-                        error: Some((code.to_string(), error.error.message.clone())),
-                    };
-                    self.answer(waiting.owner, answer, true, now, fx);
+                    self.answer(waiting.owner, answer(waiting.n), true, now, fx);
                 }
                 false
             }
@@ -798,9 +813,18 @@ impl Call {
     }
 
     fn is_handed(&self, n: u64) -> bool {
+        self.tool_frame_below(n, self.handed)
+    }
+
+    fn is_written(&self, n: u64) -> bool {
+        self.tool_frame_below(n, self.written)
+    }
+
+    /// Whether tool call `n`'s frame is among the first `count` counted frames.
+    fn tool_frame_below(&self, n: u64, count: u64) -> bool {
         match self.kept.iter().position(|k| k.tool == Some(n)) {
-            Some(at) => self.before + (at as u64) < self.handed,
-            // Out of the kept frames: long since handed.
+            Some(at) => self.before + (at as u64) < count,
+            // Out of the kept frames: long since handed and written.
             None => true,
         }
     }
@@ -919,7 +943,8 @@ impl Call {
                 if self.timed_out.len() == MAX_LATE_ANSWERS {
                     self.timed_out.pop_front();
                 }
-                self.timed_out.push_back(waiting.n);
+                let unwritten = !self.is_written(waiting.n);
+                self.timed_out.push_back((waiting.n, unwritten));
             }
             self.answer_refused(waiting.owner, waiting.n, Refused::TimedOut, now, fx);
         }
@@ -927,7 +952,7 @@ impl Call {
 
     /// Whether tool call `n` timed out and is answered only now (the first time).
     fn answered_late(&mut self, n: u64) -> bool {
-        let Some(at) = self.timed_out.iter().position(|t| *t == n) else {
+        let Some(at) = self.timed_out.iter().position(|(t, _)| *t == n) else {
             return false;
         };
         self.timed_out.remove(at);
@@ -1080,8 +1105,9 @@ impl Call {
     }
 
     /// The guest's audio: cut into messages of at most 200 ms, written on the call's stream; dropped (and
-    /// counted) after the end, while the call moves, without a stream, and on a text call.
-    pub fn send_audio(&mut self, samples: &[u8], fx: &mut Effects) {
+    /// counted) after the end, while the call moves, without a stream, and on a text call. Each message is
+    /// built once, straight from the samples (16-bit little-endian on the wire).
+    pub fn send_audio(&mut self, samples: &[i16], fx: &mut Effects) {
         // [scenario: audio_after_end_not_delivered, speech_during_a_resume_is_held] No audio after the end, none while
         // moving: the old stream may be another caller's on the new connection.
         // A guest given up on plays nothing more.
@@ -1105,15 +1131,16 @@ impl Call {
             .max(per_message);
         // [scenario: oversized_audio_is_cut] Audio past what may wait for the writer would only be
         // dropped there: it is dropped here, oldest first, without being copied.
-        let samples = &samples[..samples.len() & !1];
-        let skip = samples.len().saturating_sub(backlog) & !1;
+        let skip = samples.len().saturating_sub(backlog / 2);
         if skip > 0 {
             fx.stats.audio_out_dropped += 1;
         }
-        for chunk in samples[skip..].chunks(per_message) {
-            let mut message = BytesMut::with_capacity(2 + chunk.len());
+        for chunk in samples[skip..].chunks(per_message / 2) {
+            let mut message = BytesMut::with_capacity(2 + 2 * chunk.len());
             message.extend_from_slice(&stream.to_be_bytes());
-            message.extend_from_slice(chunk);
+            for sample in chunk {
+                message.extend_from_slice(&sample.to_le_bytes());
+            }
             fx.out.push_back(Output::Audio {
                 conn,
                 key: self.key,

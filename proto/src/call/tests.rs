@@ -454,6 +454,46 @@ fn refused_tool_call_answered() {
 }
 
 #[test]
+fn refusal_of_a_timed_out_tool_is_its_own() {
+    let mut t = Test::text();
+    t.writer_keeps_up = false;
+    t.tool("lookup").unwrap();
+    t.later(Duration::from_secs(31));
+    assert_eq!(
+        answers(&t.outputs()),
+        [("t1".to_string(), Err(Refused::TimedOut))]
+    );
+    t.writer_keeps_up = true;
+    t.tool("lookup").unwrap();
+    t.written();
+    // Sent read t1 (late) and refused it, then answered t2.
+    t.error(CONN, "tool_not_allowed", "tool.call");
+    assert!(answers(&t.outputs()).is_empty(), "t2 still waits");
+    assert!(
+        matches!(&t.events()[..], [GuestEvent::ToolResult(a)] if a.call_ref == "t1" && !a.ok),
+        "the refusal reaches the guest as t1's late answer"
+    );
+    t.result("t2", true);
+    assert_eq!(answers(&t.outputs()), [("t2".to_string(), Ok(true))]);
+}
+
+#[test]
+fn refusal_after_a_held_tool_timed_out_is_the_new_ones() {
+    let mut t = Test::text();
+    t.tool("lookup").unwrap();
+    t.written();
+    t.later(Duration::from_secs(31));
+    assert_eq!(
+        answers(&t.outputs()),
+        [("t1".to_string(), Err(Refused::TimedOut))]
+    );
+    t.tool("lookup").unwrap();
+    t.written();
+    t.error(CONN, "tool_not_allowed", "tool.call");
+    assert_eq!(answers(&t.outputs()), [("t2".to_string(), Ok(false))]);
+}
+
+#[test]
 fn an_error_about_another_frame_answers_no_tool() {
     let mut t = Test::text();
     t.tool("lookup").unwrap();
@@ -482,7 +522,7 @@ fn the_end_answers_waiting_tools_ended_drops_queued_audio_and_is_heard_last() {
     assert!(t.call.forgettable());
     assert_eq!(t.say("late"), Err(Refused::Ended));
     assert_eq!(t.tool("lookup"), Err(Refused::Ended));
-    t.call.send_audio(&[0; 640], &mut t.fx);
+    t.call.send_audio(&[0; 320], &mut t.fx);
     assert!(t.outputs().is_empty(), "no audio after the end");
     t.end();
     assert!(t.events().is_empty(), "the end is heard once");
@@ -560,7 +600,7 @@ fn connection_full_resumes_elsewhere() {
             attached: Some(CONN)
         }
     );
-    t.call.send_audio(&[1; 640], &mut t.fx);
+    t.call.send_audio(&[1; 320], &mut t.fx);
     t.outputs();
     assert!(t.move_to(3));
     t.resumed(3, 0, Some(4));
@@ -571,7 +611,7 @@ fn connection_full_resumes_elsewhere() {
             stream: Some(4)
         }
     );
-    t.call.send_audio(&[1; 640], &mut t.fx);
+    t.call.send_audio(&[1; 320], &mut t.fx);
     let audio: Vec<_> = t
         .outputs()
         .into_iter()
@@ -593,7 +633,7 @@ fn resumed_without_stream_sends_no_audio() {
     t.move_to(OTHER);
     t.resumed(OTHER, 0, None);
     t.outputs();
-    t.call.send_audio(&[1; 640], &mut t.fx);
+    t.call.send_audio(&[1; 320], &mut t.fx);
     assert!(t.outputs().is_empty());
     assert_eq!(t.fx.stats.audio_out_dropped, 1);
 }
@@ -602,7 +642,7 @@ fn resumed_without_stream_sends_no_audio() {
 fn oversized_audio_is_cut() {
     let mut t = Test::audio();
     // 2 s of 16 kHz: only the last second may wait for the writer, in messages of at most 200 ms.
-    let samples: Vec<u8> = (0..64_000).map(|n| (n / 2) as u8).collect();
+    let samples: Vec<i16> = (0..32_000).map(|n| n as i16).collect();
     t.call.send_audio(&samples, &mut t.fx);
     let messages: Vec<Bytes> = t
         .outputs()
@@ -614,7 +654,11 @@ fn oversized_audio_is_cut() {
         .collect();
     assert_eq!(messages.len(), 5);
     assert!(messages.iter().all(|m| m.len() == 2 + 6400));
-    assert_eq!(&messages[0][2..], &samples[32_000..38_400]);
+    let first: Vec<u8> = samples[16_000..19_200]
+        .iter()
+        .flat_map(|s| s.to_le_bytes())
+        .collect();
+    assert_eq!(&messages[0][2..], &first[..]);
 }
 
 #[test]
@@ -781,7 +825,7 @@ fn a_guest_given_up_on_acts_no_more() {
     t.call.give_up(t.now, &mut t.fx);
     t.outputs();
     assert_eq!(t.tool("transfer"), Err(Refused::Ended));
-    t.call.send_audio(&[1; 640], &mut t.fx);
+    t.call.send_audio(&[1; 320], &mut t.fx);
     assert!(t.outputs().is_empty(), "no audio after the policy's hangup");
 }
 

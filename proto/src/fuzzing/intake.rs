@@ -641,9 +641,9 @@ impl Harness {
             }
             op::SEND_AUDIO => {
                 let choice = input.u8();
-                let len = input.int(AUDIO_LENGTHS).clamp(0, 100_000) as usize;
+                let len = input.int(AUDIO_LENGTHS).clamp(0, 100_000) as usize / 2;
                 if let Some(key) = self.guest_call(choice, false) {
-                    self.note(format!("send_audio on {key:?}: {len} bytes"));
+                    self.note(format!("send_audio on {key:?}: {len} samples"));
                     self.router.handle_send_audio(key, &vec![7; len]);
                 }
                 "send_audio"

@@ -548,8 +548,8 @@ impl Router {
             .unwrap_or(Err(NotNow::Refused(Refused::Ended)))
     }
 
-    /// The guest's audio for call `key` (16-bit little-endian samples), sent as [`Call::send_audio`] says.
-    pub fn handle_send_audio(&mut self, key: CallKey, samples: &[u8]) {
+    /// The guest's audio for call `key`, sent as [`Call::send_audio`] says.
+    pub fn handle_send_audio(&mut self, key: CallKey, samples: &[i16]) {
         self.with_call(key, |call, fx| call.send_audio(samples, fx));
     }
 

@@ -1294,8 +1294,8 @@ impl World {
                 }
             }
             GuestOp::Audio => {
-                let mut samples = (key.0 as u16).to_le_bytes().to_vec();
-                samples.extend_from_slice(&[0; 638]);
+                let mut samples = vec![0i16; 320];
+                samples[0] = key.0 as u16 as i16;
                 self.router.handle_send_audio(key, &samples);
             }
             GuestOp::Take => self.take(key),
