@@ -6,12 +6,11 @@
 //! guest's requests, and whoever fed it carries out what it asks while still holding the lock (queueing on
 //! a connection never waits), so that what the router decided reaches the sockets in the order it decided
 //! it. A frame from Sent thus crosses three tasks: its connection's reader, its call's task (the guest),
-//! and the connection's writer, all three on the connection's [`shards`] thread.
+//! and the connection's writer.
 
 mod admission;
 mod call_task;
 pub mod connection;
-mod shards;
 
 pub use admission::{Admission, Gate};
 pub use call_task::CallRules;
@@ -24,7 +23,6 @@ use connection::{Event, EventSink, Outbox};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
-use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::JoinHandle;
 use voicehost_proto::call::{self, CallKey, ConnId, Refused, ToolAnswer};
@@ -79,8 +77,6 @@ struct Shared {
     /// The core's counts as last added to the agent's [`Stats`].
     exported: voicehost_proto::Stats,
     outboxes: HashMap<ConnId, Arc<Outbox>>,
-    /// The runtime each open connection's tasks run on ([`shards`]).
-    homes: HashMap<ConnId, Handle>,
     waiters: HashMap<(CallKey, String), Waiter>,
     wakers: HashMap<CallKey, Arc<Notify>>,
     /// Connections being dialled: aborted when the agent stops, so a stopped agent never connects again.
@@ -130,7 +126,6 @@ pub async fn serve(
             router,
             exported: voicehost_proto::Stats::default(),
             outboxes: HashMap::new(),
-            homes: HashMap::new(),
             waiters: HashMap::new(),
             wakers: HashMap::new(),
             dials: HashMap::new(),
@@ -296,16 +291,11 @@ impl Agent {
     fn handle(&self, shared: &mut Shared, conn: ConnId, event: Event) -> Option<ConnectError> {
         let now = Instant::now();
         match event {
-            Event::Opened {
-                ready,
-                outbox,
-                home,
-            } => {
+            Event::Opened { ready, outbox } => {
                 if let Some(task) = shared.dials.remove(&conn) {
                     shared.open.insert(conn, task);
                 }
                 shared.outboxes.insert(conn, outbox);
-                shared.homes.insert(conn, home);
                 shared.router.handle_opened(now, conn, &ready);
             }
             Event::DialFailed(error) => {
@@ -329,7 +319,6 @@ impl Agent {
                     }
                 }
                 shared.open.remove(&conn);
-                shared.homes.remove(&conn);
                 shared.router.handle_closed(now, conn);
             }
         }
@@ -396,7 +385,7 @@ impl Agent {
                 }
                 Output::Dial { conn, delay } => {
                     shared.dials.retain(|_, dial| !dial.is_finished());
-                    let task = shards::Shards::get().spawn(connection::run(
+                    let task = tokio::spawn(connection::run(
                         conn,
                         self.dial.clone(),
                         delay,
@@ -417,16 +406,14 @@ impl Agent {
                         admitted = permit.is_some(),
                         "serving a call"
                     );
-                    let task = call_task::run(self.clone(), key, start, waker, deployment, permit);
-                    // On its connection's shard: its frames then wake no other thread.
-                    let home = shared
-                        .router
-                        .conn_of(key)
-                        .and_then(|c| shared.homes.get(&c));
-                    match home {
-                        Some(home) => drop(home.spawn(task)),
-                        None => drop(tokio::spawn(task)),
-                    }
+                    tokio::spawn(call_task::run(
+                        self.clone(),
+                        key,
+                        start,
+                        waker,
+                        deployment,
+                        permit,
+                    ));
                 }
             }
         }

@@ -66,7 +66,7 @@ async fn opened(
     events: &mut Events,
 ) -> (sentdm_voice_agents::frames::ConnectionReady, Arc<Outbox>) {
     match next_event(events).await.1 {
-        Event::Opened { ready, outbox, .. } => (ready, outbox),
+        Event::Opened { ready, outbox } => (ready, outbox),
         other => panic!("expected the connection to open, got {other:?}"),
     }
 }
@@ -410,7 +410,7 @@ async fn a_connection_becomes_ready_with_the_configured_heartbeat_and_max_sessio
     let mut events = start(42, &dial(&sim));
     let (id, event) = next_event(&mut events).await;
     assert_eq!(id, 42);
-    let Event::Opened { ready, outbox, .. } = event else {
+    let Event::Opened { ready, outbox } = event else {
         panic!("expected the connection to open, got {event:?}");
     };
     assert_eq!(ready.protocol_version, "0.2.0");

@@ -1136,10 +1136,10 @@ impl Call {
             fx.stats.audio_out_dropped += 1;
         }
         for chunk in samples[skip..].chunks(per_message / 2) {
-            let mut message = BytesMut::with_capacity(2 + 2 * chunk.len());
-            message.extend_from_slice(&stream.to_be_bytes());
-            for sample in chunk {
-                message.extend_from_slice(&sample.to_le_bytes());
+            let mut message = BytesMut::zeroed(2 + 2 * chunk.len());
+            message[..2].copy_from_slice(&stream.to_be_bytes());
+            for (to, sample) in message[2..].chunks_exact_mut(2).zip(chunk) {
+                to.copy_from_slice(&sample.to_le_bytes());
             }
             fx.out.push_back(Output::Audio {
                 conn,

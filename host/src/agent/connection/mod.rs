@@ -25,7 +25,6 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -194,8 +193,6 @@ pub enum Event {
         ready: ConnectionReady,
         /// Where the agent queues what this connection's writer sends.
         outbox: Arc<Outbox>,
-        /// The runtime the connection's tasks run on: the tasks of the calls that start on it go there too.
-        home: Handle,
     },
     /// The connection could not be opened, and why; no `Closed` follows.
     DialFailed(ConnectError),
@@ -257,7 +254,6 @@ pub async fn run(id: ConnId, dial: Dial, delay: Duration, events: Events, stats:
         let opened = Event::Opened {
             ready,
             outbox: outbox.clone(),
-            home: Handle::current(),
         };
         if !events.handle(id, opened) {
             return;
@@ -606,10 +602,6 @@ async fn write(
     let result: Result<(), WriterEnd> = async {
         loop {
             outbox.ready().await;
-            // The calls of this connection woken with the one that woke the writer run on this shard
-            // before it goes on: their frames leave in the same write (a send per frame cost more than
-            // writing one).
-            tokio::task::yield_now().await;
             if outbox.is_aborted() {
                 return Err(end(STALLED.into(), false));
             }
