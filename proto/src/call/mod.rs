@@ -471,7 +471,8 @@ pub struct Call {
     tools_issued: u64,
     waiting: Vec<Waiting>,
     /// The guest's tool calls that timed out, unanswered yet: a late answer reaches the guest once. Each
-    /// with whether it was still unwritten when it timed out (Sent may refuse it yet).
+    /// with whether Sent may still read it as new, and so refuse it: it was unwritten when it timed out, or
+    /// a resume has sent it again since.
     timed_out: VecDeque<(u64, bool)>,
     events: VecDeque<GuestEvent>,
     audio_queued: usize,
@@ -726,6 +727,7 @@ impl Call {
             self.handed = read;
             self.written = read;
             self.written_base = read;
+            self.unread_timed_out();
             tracing::warn!(
                 session = self.id,
                 "Sent needs frames no longer kept: hanging up"
@@ -749,6 +751,16 @@ impl Call {
         // Sent has what it read; this connection's writer counts from there.
         self.written = read;
         self.written_base = read;
+        self.unread_timed_out();
+    }
+
+    /// After a resume: a timed-out tool call Sent read before it was refused then or not at all (a refusal
+    /// lost with the old connection is not sent again); one sent again is read anew.
+    fn unread_timed_out(&mut self) {
+        let kept = &self.kept;
+        for (n, unread) in self.timed_out.iter_mut() {
+            *unread = kept.iter().any(|k| k.tool == Some(*n));
+        }
     }
 
     /// Sent's `error` naming this call, on `conn`. Returns whether it refused the call's resume with
