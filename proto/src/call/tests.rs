@@ -498,12 +498,18 @@ fn a_timed_out_tool_sent_again_by_a_resume_may_be_refused() {
     let mut t = Test::text();
     t.tool("lookup").unwrap();
     t.later(Duration::from_secs(31));
-    assert_eq!(answers(&t.outputs()), [("t1".to_string(), Err(Refused::TimedOut))]);
+    assert_eq!(
+        answers(&t.outputs()),
+        [("t1".to_string(), Err(Refused::TimedOut))]
+    );
     // Written, but the connection dropped before Sent read it: the resume sends it again.
     t.move_to(OTHER);
     t.written();
     t.resumed(OTHER, 0, None);
-    assert_eq!(t.written(), [(OTHER, "tool.call".to_string(), "t1".to_string())]);
+    assert_eq!(
+        t.written(),
+        [(OTHER, "tool.call".to_string(), "t1".to_string())]
+    );
     t.error(OTHER, "tool_not_allowed", "tool.call");
     assert!(
         matches!(&t.events()[..], [GuestEvent::ToolResult(a)] if a.call_ref == "t1" && !a.ok),
@@ -517,7 +523,10 @@ fn a_timed_out_tool_read_before_a_resume_takes_no_later_refusal() {
     t.writer_keeps_up = false;
     t.tool("lookup").unwrap();
     t.later(Duration::from_secs(31));
-    assert_eq!(answers(&t.outputs()), [("t1".to_string(), Err(Refused::TimedOut))]);
+    assert_eq!(
+        answers(&t.outputs()),
+        [("t1".to_string(), Err(Refused::TimedOut))]
+    );
     t.writer_keeps_up = true;
     // Sent read t1 on the old connection (its refusal, if any, was lost with it).
     t.move_to(OTHER);
