@@ -833,10 +833,19 @@ impl World {
             .find(|(id, _)| key_of(id) == Some(key))
             .or(owners.first())
             .copied();
-        let ever = self
+        // Every session that ever had this stream: the writer may be one of them, whose end the agent had
+        // not read when it wrote (Sent may have given the number to another since, and ended that too).
+        let had: Vec<&str> = self
             .sent
             .sessions()
-            .find(|(_, s)| s.streams.contains(&here));
+            .filter(|(_, s)| s.streams.contains(&here))
+            .map(|(id, _)| id)
+            .collect();
+        let ever = had
+            .iter()
+            .find(|id| key_of(id) == Some(key))
+            .or(had.first())
+            .copied();
         // Audio the agent wrote before it read its call's end, which Sent then gave to the stream's next
         // owner: Sent's reuse of the number, which the agent cannot know of in time (its writes were
         // checked against where the call was when it wrote them).
@@ -851,7 +860,7 @@ impl World {
             (Some((id, _)), _) if key_of(id) != Some(key) => {
                 format!("audio of call {key} reached {id} on connection {conn} stream {stream}")
             }
-            (None, Some((old, _))) if key_of(old) != Some(key) => {
+            (None, Some(old)) if key_of(old) != Some(key) => {
                 format!("audio of call {key} on a stream of {old}")
             }
             (None, None) => {
