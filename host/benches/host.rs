@@ -307,7 +307,7 @@ async fn calls(code: &AgentCode, report: &mut Report) -> Result<()> {
     }
     drop(instance);
     // As under load: every call's instance in turn, so each handler call finds its Store, its linear
-    // memory and its stack out of the caches (the load benchmark's Wasm ÷ native cost is mostly this).
+    // memory and its stack out of the caches (BENCHMARKS.md compares it with the load run's Wasm cost).
     let mut live = Vec::with_capacity(ROUND_ROBIN);
     for _ in 0..ROUND_ROBIN {
         live.push(Instance::new(code, Quiet::imports(), Limits::default()).await?);

@@ -754,8 +754,9 @@ impl Call {
         self.unread_timed_out();
     }
 
-    /// After a resume: a timed-out tool call Sent read before it was refused then or not at all (a refusal
-    /// lost with the old connection is not sent again); one sent again is read anew.
+    /// After a resume, which timed-out tool calls Sent may still refuse: those it is sent again. One it
+    /// acknowledged reading was refused then or not at all (a refusal lost with the old connection is not
+    /// sent again).
     fn unread_timed_out(&mut self) {
         let kept = &self.kept;
         for (n, unread) in self.timed_out.iter_mut() {
@@ -810,10 +811,7 @@ impl Call {
                     .iter()
                     .find(|(n, unwritten)| *unwritten && self.is_handed(*n));
                 if let Some(&(late, _)) = late {
-                    self.answered_late(late);
-                    let answer = answer(late);
-                    let bytes = answer.bytes();
-                    self.deliver(GuestEvent::ToolResult(answer), bytes, now, fx);
+                    self.answer_late(late, answer(late), now, fx);
                 } else if let Some(at) = self.waiting.iter().rposition(|w| self.is_handed(w.n)) {
                     let waiting = self.waiting.remove(at);
                     self.answer(waiting.owner, answer(waiting.n), true, now, fx);
@@ -962,13 +960,12 @@ impl Call {
         }
     }
 
-    /// Whether tool call `n` timed out and is answered only now (the first time).
-    fn answered_late(&mut self, n: u64) -> bool {
-        let Some(at) = self.timed_out.iter().position(|(t, _)| *t == n) else {
-            return false;
-        };
-        self.timed_out.remove(at);
-        true
+    /// Sent's answer to a guest's tool call that timed out: it reaches the guest's handler, once (the call
+    /// is forgotten), and no waiting tool.
+    fn answer_late(&mut self, n: u64, answer: ToolAnswer, now: Instant, fx: &mut Effects) {
+        self.timed_out.retain(|(t, _)| *t != n);
+        let bytes = answer.bytes();
+        self.deliver(GuestEvent::ToolResult(answer), bytes, now, fx);
     }
 
     // ----- the guest's side -----
@@ -1267,22 +1264,23 @@ impl Call {
     /// Sent's `tool.result`.
     fn tool_answered(&mut self, answer: ToolAnswer, now: Instant, fx: &mut Effects) {
         let n = parse_call_ref(&answer.call_ref);
-        match n.and_then(|n| self.waiting.iter().position(|w| w.n == n)) {
-            Some(at) => {
-                let waiting = self.waiting.remove(at);
-                self.answer(waiting.owner, answer, false, now, fx);
-            }
+        let waiting = n.and_then(|n| self.waiting.iter().position(|w| w.n == n));
+        if let Some(at) = waiting {
+            let waiting = self.waiting.remove(at);
+            self.answer(waiting.owner, answer, false, now, fx);
+            return;
+        }
+        match n {
             // [scenario: repeated_tool_result_reaches_nobody] A late answer (the call timed out) still
             // reaches the guest's handler, once; an answer again to a call answered reaches nobody.
-            None if n.is_some_and(|n| self.answered_late(n)) => {
-                let bytes = answer.bytes();
-                self.deliver(GuestEvent::ToolResult(answer), bytes, now, fx);
+            Some(n) if self.timed_out.iter().any(|(t, _)| *t == n) => {
+                self.answer_late(n, answer, now, fx);
             }
-            None if n.is_some_and(|n| n <= self.tools_issued) => {
+            Some(n) if n <= self.tools_issued => {
                 tracing::debug!(session = self.id, "a tool.result again: ignored");
             }
             // [scenario: unknown_tool_result_ignored] An answer to a call never issued reaches nobody.
-            None => tracing::debug!(session = self.id, "a tool.result for no call: ignored"),
+            _ => tracing::debug!(session = self.id, "a tool.result for no call: ignored"),
         }
     }
 

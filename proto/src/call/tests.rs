@@ -173,6 +173,16 @@ impl Test {
         self.call.move_to(conn, self.now, &mut self.fx)
     }
 
+    /// The guest's first tool call, `t1`, unanswered past the tool timeout.
+    fn first_tool_times_out(&mut self) {
+        self.tool("lookup").unwrap();
+        self.later(Duration::from_secs(31));
+        assert_eq!(
+            answers(&self.outputs()),
+            [("t1".to_string(), Err(Refused::TimedOut))]
+        );
+    }
+
     fn later(&mut self, by: Duration) {
         self.now += by;
         self.call.timeout(self.now, &mut self.fx);
@@ -457,12 +467,7 @@ fn refused_tool_call_answered() {
 fn refusal_of_a_timed_out_tool_is_its_own() {
     let mut t = Test::text();
     t.writer_keeps_up = false;
-    t.tool("lookup").unwrap();
-    t.later(Duration::from_secs(31));
-    assert_eq!(
-        answers(&t.outputs()),
-        [("t1".to_string(), Err(Refused::TimedOut))]
-    );
+    t.first_tool_times_out();
     t.writer_keeps_up = true;
     t.tool("lookup").unwrap();
     t.written();
@@ -480,13 +485,8 @@ fn refusal_of_a_timed_out_tool_is_its_own() {
 #[test]
 fn refusal_after_a_held_tool_timed_out_is_the_new_ones() {
     let mut t = Test::text();
-    t.tool("lookup").unwrap();
-    t.written();
-    t.later(Duration::from_secs(31));
-    assert_eq!(
-        answers(&t.outputs()),
-        [("t1".to_string(), Err(Refused::TimedOut))]
-    );
+    // Written (the writer keeps up) before it timed out.
+    t.first_tool_times_out();
     t.tool("lookup").unwrap();
     t.written();
     t.error(CONN, "tool_not_allowed", "tool.call");
@@ -496,12 +496,7 @@ fn refusal_after_a_held_tool_timed_out_is_the_new_ones() {
 #[test]
 fn a_timed_out_tool_sent_again_by_a_resume_may_be_refused() {
     let mut t = Test::text();
-    t.tool("lookup").unwrap();
-    t.later(Duration::from_secs(31));
-    assert_eq!(
-        answers(&t.outputs()),
-        [("t1".to_string(), Err(Refused::TimedOut))]
-    );
+    t.first_tool_times_out();
     // Written, but the connection dropped before Sent read it: the resume sends it again.
     t.move_to(OTHER);
     t.written();
@@ -521,12 +516,7 @@ fn a_timed_out_tool_sent_again_by_a_resume_may_be_refused() {
 fn a_timed_out_tool_read_before_a_resume_takes_no_later_refusal() {
     let mut t = Test::text();
     t.writer_keeps_up = false;
-    t.tool("lookup").unwrap();
-    t.later(Duration::from_secs(31));
-    assert_eq!(
-        answers(&t.outputs()),
-        [("t1".to_string(), Err(Refused::TimedOut))]
-    );
+    t.first_tool_times_out();
     t.writer_keeps_up = true;
     // Sent read t1 on the old connection (its refusal, if any, was lost with it).
     t.move_to(OTHER);
