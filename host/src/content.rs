@@ -67,12 +67,42 @@ impl<'de> Deserialize<'de> for Digest {
     }
 }
 
+/// A new file only its owner may read or write (0600), truncated if it exists: what the host keeps is
+/// its tenants' code, which other users of the machine have no business reading.
+pub fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// Makes `dir` (and its missing parents) only its owner may enter (0700), and narrows it to that if it
+/// was there already, open to others: the host's own directories hold its tenants' code. A directory of
+/// another user's keeps the mode its owner gave it.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    if std::fs::metadata(dir)?.permissions().mode() & 0o077 == 0 {
+        return Ok(());
+    }
+    match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
+        Err(error) if error.kind() == std::io::ErrorKind::PermissionDenied => Ok(()),
+        done => done,
+    }
+}
+
 /// Writes next to the final name, flushes to disk, renames, then flushes the directory: a reader sees the
 /// whole file or none, even after a crash, and the new name survives one.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     let partial = path.with_extension(format!("{PARTIAL}{}", std::process::id()));
-    let mut file = std::fs::File::create(&partial)?;
+    let mut file = create_private(&partial)?;
     file.write_all(bytes)?;
     file.sync_all()?;
     drop(file);
@@ -113,9 +143,9 @@ pub fn remove_partials(dir: &Path) -> std::io::Result<usize> {
 /// Makes `dir` if it is missing and checks that a file can be written in it: a host that cannot write its
 /// data directory (another user's, a read-only mount) says so when it starts, not at its first upload.
 pub fn ensure_writable(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    private_dir(dir)?;
     let probe = TempFile::new_in(dir, "probe");
-    std::fs::write(probe.path(), b"")
+    create_private(probe.path()).map(drop)
 }
 
 /// A file that is deleted when dropped, unless it was renamed away first.
@@ -156,7 +186,11 @@ impl Spool {
     /// A new, empty file in `dir`.
     pub async fn create(dir: &Path) -> std::io::Result<Spool> {
         let temp = TempFile::new_in(dir, "upload");
-        let file = tokio::fs::File::create(temp.path()).await?;
+        let path = temp.path().to_path_buf();
+        let file = tokio::task::spawn_blocking(move || create_private(&path))
+            .await
+            .map_err(std::io::Error::other)??;
+        let file = tokio::fs::File::from_std(file);
         Ok(Spool {
             file: tokio::io::BufWriter::with_capacity(64 << 10, file),
             temp,
@@ -202,8 +236,9 @@ pub struct Spooled {
 impl Spooled {
     /// `bytes` written into a new file in `dir` (blocking): for callers that have the bytes already.
     pub fn from_bytes(dir: &Path, bytes: &[u8]) -> std::io::Result<Spooled> {
+        use std::io::Write as _;
         let temp = TempFile::new_in(dir, "upload");
-        std::fs::write(temp.path(), bytes)?;
+        create_private(temp.path())?.write_all(bytes)?;
         Ok(Spooled {
             temp,
             digest: Digest::of(bytes),

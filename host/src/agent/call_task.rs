@@ -418,7 +418,7 @@ impl Task {
                         tracing::warn!(
                             session = self.session_id,
                             handler = event.name(),
-                            message,
+                            error = message,
                             "the handler failed"
                         );
                     }

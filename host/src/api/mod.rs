@@ -15,7 +15,9 @@ pub mod views;
 
 use crate::sandbox::wit::{self, Direction};
 use crate::sandbox::LoadError;
-use crate::tenancy::{AgentRecord, RegistryError, ServeError, Tenancy, VersionRecord};
+use crate::tenancy::{
+    AgentRecord, RegistryError, ServeError, Tenancy, TokenHash, VersionRecord, MAX_TOKEN_BYTES,
+};
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::http::{header, request::Parts, StatusCode};
@@ -217,6 +219,7 @@ impl From<ServeError> for ApiError {
             }
             ServeError::Registry(RegistryError::Conflict(_)) => ErrorCode::Conflict,
             ServeError::OverQuota(_) => ErrorCode::OverQuota,
+            ServeError::NoTenant(_) => ErrorCode::Unauthorized,
             ServeError::Registry(_)
             | ServeError::Internal(_)
             | ServeError::Load(LoadError::Compiler(_)) => {
@@ -244,7 +247,9 @@ impl FromRequestParts<Arc<Tenancy>> for Tenant {
         parts: &mut Parts,
         tenancy: &Arc<Tenancy>,
     ) -> Result<Tenant, ApiError> {
-        match bearer(&parts.headers).and_then(|token| tenancy.tenant_by_token(token)) {
+        let what = "send a tenant's admin token as `Authorization: Bearer <token>`";
+        let presented = presented_token(tenancy, parts, what)?;
+        match presented.and_then(|token| tenancy.tenant_by_token(&token)) {
             Some(tenant) => {
                 tenancy.request(&tenant).map_err(|wait| {
                     ApiError::busy(
@@ -254,25 +259,54 @@ impl FromRequestParts<Arc<Tenancy>> for Tenant {
                 })?;
                 Ok(Tenant(tenant))
             }
-            None => Err(failed_login(
-                tenancy,
-                parts,
-                "send a tenant's admin token as `Authorization: Bearer <token>`",
-            )),
+            None => Err(failed_login(tenancy, parts, what)),
         }
     }
+}
+
+/// The hash of the request's bearer token (`None` without one), computed once, and only for a client not
+/// refused for failing too often: a refused client is answered 429 first, and a token longer than any the
+/// host holds ([`MAX_TOKEN_BYTES`]) is a failed login, unhashed. So a request without a valid token costs
+/// the host at most one hash of at most 256 bytes.
+fn presented_token(
+    tenancy: &Tenancy,
+    parts: &Parts,
+    what: &str,
+) -> Result<Option<TokenHash>, ApiError> {
+    if let Some(wait) = tenancy.login_refused(client(parts)) {
+        return Err(too_many_failed_logins(wait));
+    }
+    let Some(token) = bearer(&parts.headers) else {
+        return Ok(None);
+    };
+    match TokenHash::of_presented(token) {
+        Some(hash) => Ok(Some(hash)),
+        None => Err(failed_login(
+            tenancy,
+            parts,
+            &format!("{what}: this one is longer than any token the host holds ({MAX_TOKEN_BYTES} bytes)"),
+        )),
+    }
+}
+
+/// The key the failed-login limit counts the request's client under.
+fn client(parts: &Parts) -> Option<std::net::IpAddr> {
+    listener::client_of(parts).map(|addr| listener::client_key(addr.ip()))
+}
+
+fn too_many_failed_logins(wait: std::time::Duration) -> ApiError {
+    ApiError::busy(
+        "too many failed logins from this address: wait before trying again",
+        wait,
+    )
 }
 
 /// The answer to a request without a token the host knows: 401, or 429 once its client address has failed
 /// `failed_logins_per_minute` times.
 fn failed_login(tenancy: &Tenancy, parts: &Parts, what: &str) -> ApiError {
-    let client = listener::client_of(parts).map(|addr| listener::client_key(addr.ip()));
-    match tenancy.failed_login(client) {
+    match tenancy.failed_login(client(parts)) {
         Ok(()) => ApiError::new(ErrorCode::Unauthorized, what),
-        Err(wait) => ApiError::busy(
-            "too many failed logins from this address: wait before trying again",
-            wait,
-        ),
+        Err(wait) => too_many_failed_logins(wait),
     }
 }
 
@@ -377,23 +411,35 @@ async fn healthz(State(tenancy): State<Arc<Tenancy>>) -> (StatusCode, Json<Healt
 /// What the host counted (sessions, frames, audio, resumes, traps contained, instance restarts and so
 /// on), labelled by tenant and agent, in the OpenMetrics 1.0 text format (which Prometheus scrapes). It
 /// names every tenant's agents: when the config sets `[admin] metrics_token_sha256`, it needs the
-/// operator's metrics token as a bearer token (a tenant's token is refused); otherwise it is open to
-/// whoever reaches the admin listener.
+/// operator's metrics token as a bearer token (a tenant's token is refused); otherwise only a client on
+/// the host's own machine (a loopback address) may read it.
 #[utoipa::path(get, path = "/metrics", tag = "host", operation_id = "metrics",
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The metrics.", body = String,
             content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
         (status = 401, description = "The config sets a metrics token and the request did not carry \
-            it.", body = ErrorBody),
+            it, or sets none and the request came from another machine.", body = ErrorBody),
     ))]
 async fn metrics(State(tenancy): State<Arc<Tenancy>>, request: axum::extract::Request) -> Response {
     let (parts, _) = request.into_parts();
-    if !tenancy.may_read_metrics(bearer(&parts.headers)) {
-        return failed_login(
-            &tenancy,
-            &parts,
-            "send the operator's metrics token as `Authorization: Bearer <token>`",
+    let what = "send the operator's metrics token as `Authorization: Bearer <token>`";
+    if tenancy.metrics_need_token() {
+        let presented = match presented_token(&tenancy, &parts, what) {
+            Ok(presented) => presented,
+            Err(refused) => return refused.into_response(),
+        };
+        if !tenancy.may_read_metrics(presented.as_ref()) {
+            return failed_login(&tenancy, &parts, what).into_response();
+        }
+    } else if listener::client_of(&parts)
+        .is_some_and(|addr| !addr.ip().to_canonical().is_loopback())
+    {
+        // They name every tenant's agents: without a token, only this machine reads them.
+        return ApiError::new(
+            ErrorCode::Unauthorized,
+            "without `[admin] metrics_token_sha256` in the host's config, the metrics are read only \
+             from the host's own machine",
         )
         .into_response();
     }

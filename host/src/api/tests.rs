@@ -26,6 +26,12 @@ fn tenancy(name: &str) -> (Arc<Tenancy>, Dir) {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("key"), "sk_test_key").unwrap();
+    let config = config(&dir, &[("acme", ACME), ("globex", GLOBEX)]);
+    (Tenancy::open(&config, None).unwrap(), Dir(dir))
+}
+
+/// The config of [`tenancy`]'s host, with these tenants and their tokens.
+fn config(dir: &std::path::Path, tenants: &[(&str, &str)]) -> crate::tenancy::ServeConfig {
     let tenant = |id: &str, token: &str| {
         format!(
             "[[tenants]]\nid = \"{id}\"\ntoken_sha256 = \"{}\"\napi_key_file = {:?}\n",
@@ -34,14 +40,15 @@ fn tenancy(name: &str) -> (Arc<Tenancy>, Dir) {
         )
     };
     let text = format!(
-        "data_dir = {:?}\nsent_url = \"ws://127.0.0.1:9/never\"\n[admin]\nmetrics_token_sha256 = \"{}\"\n{}{}",
+        "data_dir = {:?}\nsent_url = \"ws://127.0.0.1:9/never\"\n[admin]\nmetrics_token_sha256 = \"{}\"\n{}",
         dir.join("data"),
         crate::tenancy::token_sha256(OPERATOR),
-        tenant("acme", ACME),
-        tenant("globex", GLOBEX)
+        tenants
+            .iter()
+            .map(|(id, token)| tenant(id, token))
+            .collect::<String>()
     );
-    let config: crate::tenancy::ServeConfig = toml::from_str(&text).unwrap();
-    (Tenancy::open(&config, None).unwrap(), Dir(dir))
+    toml::from_str(&text).unwrap()
 }
 
 /// One request; the status and the body's JSON (`Null` when empty or not JSON).
@@ -52,7 +59,22 @@ async fn call(
     token: Option<&str>,
     body: Vec<u8>,
 ) -> (StatusCode, serde_json::Value) {
+    call_from(None, tenancy, method, path, token, body).await
+}
+
+/// [`call`] from a client at `client`, as the listener tells the routes.
+async fn call_from(
+    client: Option<std::net::SocketAddr>,
+    tenancy: &Arc<Tenancy>,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> (StatusCode, serde_json::Value) {
     let mut request = Request::builder().method(method).uri(path);
+    if let Some(client) = client {
+        request = request.extension(axum::extract::ConnectInfo(client));
+    }
     if let Some(token) = token {
         request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
     }
@@ -82,6 +104,49 @@ async fn a_request_without_a_tenants_token_is_401_in_the_error_shape() {
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{token:?}");
         assert_eq!(code(&body), "unauthorized");
     }
+}
+
+#[tokio::test]
+async fn a_token_longer_than_any_the_host_holds_is_a_failed_login_and_says_why() {
+    let (tenancy, _dir) = tenancy("long-token");
+    let long = "t".repeat(100_000);
+    let (status, body) = call(&tenancy, "GET", "/v1/agents", Some(&long), vec![]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(body["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("longer than any token the host holds")));
+}
+
+#[tokio::test]
+async fn a_client_refused_for_failed_logins_is_answered_429_before_its_token_is_looked_at() {
+    let (tenancy, _dir) = tenancy("refused-client");
+    let guesser = Some(std::net::SocketAddr::from(([192, 0, 2, 7], 50_000)));
+    let mut refused = None;
+    for _ in 0..20 {
+        let (status, _) = call_from(
+            guesser,
+            &tenancy,
+            "GET",
+            "/v1/agents",
+            Some("guess"),
+            vec![],
+        )
+        .await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            refused = Some(status);
+            break;
+        }
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+    assert!(refused.is_some(), "the guesser was never slowed");
+    // Even a right token from that address waits: nothing it sends is hashed until then.
+    let (status, body) =
+        call_from(guesser, &tenancy, "GET", "/v1/agents", Some(ACME), vec![]).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(code(&body), "busy");
+    let elsewhere = Some(std::net::SocketAddr::from(([192, 0, 2, 8], 50_000)));
+    let (status, _) = call_from(elsewhere, &tenancy, "GET", "/v1/agents", Some(ACME), vec![]).await;
+    assert_eq!(status, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -273,4 +338,127 @@ fn openapi_json_is_the_document_the_routes_make() {
         "host/openapi.json is stale: run `VOICEHOST_WRITE_OPENAPI=1 cargo test -p voicehost --lib \
          openapi_json` and commit it"
     );
+}
+
+#[tokio::test]
+async fn a_change_let_in_before_a_reload_removed_its_tenant_is_refused_and_changes_nothing() {
+    let (tenancy, dir) = tenancy("removed-tenant");
+    let wasm = voicehost_test_programs::read("conformance");
+    let (status, answer) = call(
+        &tenancy,
+        "POST",
+        "/v1/agents/agent_a/versions",
+        Some(ACME),
+        wasm.clone(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    // acme's requests below were let in (their token checked) before the reload that removes acme.
+    tenancy
+        .reload(&config(&dir.0, &[("globex", GLOBEX)]))
+        .await
+        .unwrap();
+    let refused = tenancy
+        .set_policy("acme", "agent_a", FailurePolicy::default())
+        .await;
+    assert!(
+        matches!(refused, Err(ServeError::NoTenant(_))),
+        "{refused:?}"
+    );
+    let refused = tenancy.delete_version("acme", "agent_a", 1).await;
+    assert!(
+        matches!(refused, Err(ServeError::NoTenant(_))),
+        "{refused:?}"
+    );
+    let spooled = crate::content::Spooled::from_bytes(&dir.0, &wasm).unwrap();
+    let refused = tenancy.upload("acme", "agent_b", spooled, true).await;
+    assert!(
+        matches!(refused, Err(ServeError::NoTenant(_))),
+        "{refused:?}"
+    );
+    // Nothing of it was stored: acme's records are what they were before the reload.
+    let agents = tenancy.agents("acme").await;
+    assert_eq!(agents.len(), 1);
+    assert_eq!(agents[0].1.versions.len(), 1);
+    tenancy.shutdown().await;
+}
+
+#[tokio::test]
+async fn what_the_host_keeps_only_its_own_user_may_read() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let (tenancy, dir) = tenancy("private");
+    let wasm = voicehost_test_programs::read("conformance");
+    let (status, answer) = call(
+        &tenancy,
+        "POST",
+        "/v1/agents/agent_a/versions?activate=true",
+        Some(ACME),
+        wasm,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let mut open = Vec::new();
+    let mut files = 0;
+    let mut todo = vec![dir.0.join("data")];
+    while let Some(path) = todo.pop() {
+        let meta = std::fs::metadata(&path).unwrap();
+        if meta.permissions().mode() & 0o077 != 0 {
+            open.push(format!(
+                "{} {:o}",
+                path.display(),
+                meta.permissions().mode()
+            ));
+        }
+        if meta.is_dir() {
+            todo.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else {
+            files += 1;
+        }
+    }
+    // The component, the index and the compiled form, at least.
+    assert!(files >= 3, "{files} files");
+    assert!(open.is_empty(), "others may read: {open:?}");
+    tenancy.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_a_metrics_token_only_the_hosts_own_machine_reads_the_metrics() {
+    let dir =
+        std::env::temp_dir().join(format!("voicehost-api-open-metrics-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("key"), "sk_test_key").unwrap();
+    let dir = Dir(dir);
+    let mut config = config(&dir.0, &[("acme", ACME)]);
+    config.admin.metrics_token_sha256 = None;
+    let tenancy = Tenancy::open(&config, None).unwrap();
+    let from = |ip: std::net::IpAddr| Some(std::net::SocketAddr::new(ip, 40_000));
+    for local in ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"] {
+        let (status, _) = call_from(
+            from(local.parse().unwrap()),
+            &tenancy,
+            "GET",
+            "/metrics",
+            None,
+            vec![],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{local}");
+    }
+    for remote in ["192.0.2.1", "2001:db8::1"] {
+        let (status, body) = call_from(
+            from(remote.parse().unwrap()),
+            &tenancy,
+            "GET",
+            "/metrics",
+            None,
+            vec![],
+        )
+        .await;
+        assert_eq!(
+            (status, code(&body).as_str()),
+            (StatusCode::UNAUTHORIZED, "unauthorized"),
+            "{remote}"
+        );
+    }
 }

@@ -220,6 +220,12 @@ fn token_from_stdin() -> Result<String> {
     if token.chars().any(char::is_whitespace) {
         bail!("standard input holds more than the token (spaces or several lines)");
     }
+    if token.len() > crate::tenancy::MAX_TOKEN_BYTES {
+        bail!(
+            "a token of more than {} bytes is never accepted by the admin API",
+            crate::tenancy::MAX_TOKEN_BYTES
+        );
+    }
     if token.chars().count() < MIN_TOKEN_CHARS {
         bail!(
             "a token of fewer than {MIN_TOKEN_CHARS} characters is too easy to guess (`voicehost token new` \

@@ -122,6 +122,7 @@ fn within_bounds(limits: &limits::ResolvedLimits) {
 /// Hand-written configs that reach every part of the parser, for the corpus.
 pub fn seeds() -> Vec<(String, Vec<u8>)> {
     let token = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8";
+    let other = "6b86b273ff34fce19d6b804eff5a3f5747ada4ea22f1d49c01e52ddb7875b4b8";
     let seeds = [
         ("seed-minimal", "data_dir = \"data\"\n".to_string()),
         (
@@ -130,7 +131,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         ),
         (
             "seed-tenants",
-            "data_dir = \"d\"\n[[tenants]]\nid = \"acme\"\ntoken_sha256 = \"TOKEN\"\napi_key_env = \"ACME_SENT_KEY\"\n[tenants.limits]\nmax_sessions = 50\nmemory_mib = 128\n[tenants.http]\nallow = [\"https://api.example.com\", \"http://127.0.0.1:8089\"]\ntimeout_ms = 5000\nmax_response_kib = 512\n[tenants.agents.agent_big.limits]\nmax_sessions = 10\ncpu_ms = 500\n[[tenants]]\nid = \"globex\"\ntoken_sha256 = \"TOKEN\"\napi_key_file = \"/run/secrets/globex\"\n".replace("TOKEN", token),
+            "data_dir = \"d\"\n[[tenants]]\nid = \"acme\"\ntoken_sha256 = \"TOKEN\"\napi_key_env = \"ACME_SENT_KEY\"\n[tenants.limits]\nmax_sessions = 50\nmemory_mib = 128\n[tenants.http]\nallow = [\"https://api.example.com\", \"http://127.0.0.1:8089\"]\ntimeout_ms = 5000\nmax_response_kib = 512\n[tenants.agents.agent_big.limits]\nmax_sessions = 10\ncpu_ms = 500\n[[tenants]]\nid = \"globex\"\ntoken_sha256 = \"OTHER\"\napi_key_file = \"/run/secrets/globex\"\n".replace("TOKEN", token).replace("OTHER", other),
         ),
     ];
     seeds

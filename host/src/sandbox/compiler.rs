@@ -10,6 +10,7 @@
 use super::compile_input::Wasm;
 use super::guest_log::clip;
 use std::io::{Read as _, Write as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -215,6 +216,7 @@ pub fn child_main(output: &Path, cpu_seconds: u64, memory_bytes: u64, parent: u3
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(output)
         .and_then(|mut file| file.write_all(&compiled).and_then(|()| file.sync_all()));
     match written {

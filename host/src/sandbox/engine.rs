@@ -192,7 +192,7 @@ impl Sandbox {
         let output = TempFile::new_in(&dir, &name);
         blocking({
             let dir = dir.clone();
-            move || std::fs::create_dir_all(&dir)
+            move || crate::content::private_dir(&dir)
         })
         .await?
         .map_err(|e| LoadError::Compiler(format!("cannot create {}: {e}", dir.display())))?;
@@ -521,7 +521,7 @@ impl AgentCode {
 fn store_atomically(path: &Path, component: &Component) -> Result<()> {
     let bytes = component.serialize().map_err(anyhow::Error::from)?;
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        crate::content::private_dir(dir)?;
     }
     write_atomically(path, &bytes)?;
     Ok(())

@@ -329,8 +329,13 @@ fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 7070))
 }
 
+/// The longest bearer token the admin API hashes, in bytes (`voicehost token new` makes 67). A longer one
+/// is refused before any hashing: a request's header may be as long as hyper's head buffer (about
+/// 400 KB), and hashing that for every login attempt would be work anybody could ask of the host.
+pub const MAX_TOKEN_BYTES: usize = 256;
+
 /// A token known by its hash.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct TokenHash([u8; 32]);
 
 impl TokenHash {
@@ -341,10 +346,17 @@ impl TokenHash {
         })
     }
 
-    /// Whether `token` hashes to this (compared in constant time).
-    pub fn matches(&self, token: &str) -> bool {
-        let hash = Sha256::digest(token.as_bytes());
-        hash.iter()
+    /// The hash of a token a request presented, computed once per request; `None` when it is longer than
+    /// [`MAX_TOKEN_BYTES`] (no token the config can hold is).
+    pub fn of_presented(token: &str) -> Option<TokenHash> {
+        (token.len() <= MAX_TOKEN_BYTES).then(|| TokenHash(Sha256::digest(token.as_bytes()).into()))
+    }
+
+    /// Whether a presented token's hash is this one (compared in constant time).
+    pub fn matches(&self, presented: &TokenHash) -> bool {
+        presented
+            .0
+            .iter()
             .zip(self.0.iter())
             .fold(0u8, |diff, (a, b)| diff | (a ^ b))
             == 0
@@ -484,9 +496,9 @@ impl std::fmt::Debug for Tenant {
 }
 
 impl Tenant {
-    /// Whether `token` is this tenant's admin token (compared by hash, in constant time).
-    pub fn owns_token(&self, token: &str) -> bool {
-        self.token.matches(token)
+    /// Whether a presented token (by its hash) is this tenant's admin token, compared in constant time.
+    pub fn owns_token(&self, presented: &TokenHash) -> bool {
+        self.token.matches(presented)
     }
 
     /// The limits of one of its agents: the agent's overrides over the tenant's. The agent's own session
@@ -725,7 +737,10 @@ impl ServeConfig {
         read_key: impl Fn(KeySource<'_>) -> anyhow::Result<String>,
     ) -> anyhow::Result<Vec<Tenant>> {
         let mut seen = std::collections::HashSet::new();
-        let mut tenants = Vec::new();
+        let mut tenants: Vec<Tenant> = Vec::new();
+        // A token is who is asking: one hash for two tenants (or for a tenant and the operator's metrics)
+        // would log one in as the other.
+        let metrics_token = self.metrics_token()?;
         for tenant in &self.tenants {
             let id = &tenant.id;
             anyhow::ensure!(
@@ -737,6 +752,17 @@ impl ServeConfig {
                 &tenant.token_sha256,
                 &format!("tenant {id:?}: token_sha256"),
             )?;
+            if let Some(other) = tenants.iter().find(|t| t.token == token) {
+                anyhow::bail!(
+                    "tenant {id:?}: token_sha256 is tenant {:?}'s too: each tenant needs a token of its own",
+                    other.id
+                );
+            }
+            anyhow::ensure!(
+                metrics_token.as_ref() != Some(&token),
+                "tenant {id:?}: token_sha256 is admin.metrics_token_sha256 too: the operator's metrics \
+                 token must be nobody's admin token"
+            );
             let api_key = tenant
                 .key_source()
                 .and_then(&read_key)
@@ -882,10 +908,47 @@ mod tests {
             token_sha256("secret-a")
         ));
         let tenant = &config.tenants().unwrap()[0];
-        assert!(tenant.owns_token("secret-a"));
-        assert!(!tenant.owns_token("secret-b"));
-        assert!(!tenant.owns_token(""));
+        let presented = |token: &str| TokenHash::of_presented(token).unwrap();
+        assert!(tenant.owns_token(&presented("secret-a")));
+        assert!(!tenant.owns_token(&presented("secret-b")));
+        assert!(!tenant.owns_token(&presented("")));
         assert!(!format!("{tenant:?}").contains("key"));
+    }
+
+    #[test]
+    fn a_token_longer_than_any_the_host_holds_is_not_hashed() {
+        assert!(TokenHash::of_presented(&"t".repeat(MAX_TOKEN_BYTES)).is_some());
+        assert!(TokenHash::of_presented(&"t".repeat(MAX_TOKEN_BYTES + 1)).is_none());
+    }
+
+    #[test]
+    fn one_token_hash_for_two_tenants_or_a_tenant_and_the_metrics_is_refused() {
+        std::env::set_var("VOICEHOST_TEST_KEY_SHARED", "key");
+        let tenant = |id: &str, token: &str| {
+            format!(
+                "[[tenants]]\nid = \"{id}\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_SHARED\"\n",
+                token_sha256(token)
+            )
+        };
+        let twice = parse(&format!(
+            "data_dir = \"d\"\n{}{}",
+            tenant("acme", "one-token"),
+            tenant("globex", "one-token")
+        ));
+        let error = format!("{:#}", twice.tenants().unwrap_err());
+        assert!(
+            error.contains("\"globex\"") && error.contains("\"acme\"'s too"),
+            "{error}"
+        );
+
+        let metrics = parse(&format!(
+            "data_dir = \"d\"\n[admin]\nmetrics_token_sha256 = \"{}\"\n{}",
+            token_sha256("one-token"),
+            tenant("acme", "one-token")
+        ));
+        let error = format!("{:#}", metrics.tenants().unwrap_err());
+        assert!(error.contains("metrics_token_sha256"), "{error}");
+        assert!(!error.contains(&token_sha256("one-token")), "{error}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::compiling::{CompileQueue, UploadSlots};
 use super::config::{ServeConfig, Tenant, TokenHash};
 use super::quota::{Quota, Usage};
 use super::rates::Rates;
-use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, VersionRecord};
+use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, StoreError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
 use crate::content::{ensure_writable, remove_partials, Digest, Spool, Spooled};
 use crate::sandbox::{blocking, AgentCode, ChildCompiler, Limits, LoadError, Sandbox, Wasm};
@@ -45,6 +45,9 @@ pub enum ServeError {
     /// The host itself failed, e.g. a compilation that stopped.
     #[error("{0}")]
     Internal(String),
+    /// The tenant is no longer in the config: a reload removed it while its request was in flight.
+    #[error("tenant {0:?} is no longer in the host's config: nothing was changed")]
+    NoTenant(String),
 }
 
 /// One agent being served.
@@ -115,7 +118,7 @@ pub struct Tenancy {
     /// Replaced whole when the config is reloaded.
     tenants: RwLock<Tenants>,
     metrics_token: RwLock<Option<TokenHash>>,
-    registry: tokio::sync::Mutex<Registry>,
+    registry: Arc<tokio::sync::Mutex<Registry>>,
     running: Mutex<BTreeMap<(String, String), Running>>,
     ready: AtomicBool,
     /// Whose compile runs when: a few at once, one per tenant (see [`CompileQueue`]).
@@ -162,7 +165,7 @@ impl Tenancy {
         }
         let store = DiskStore::new(config.data_dir.join("components"))
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", config.data_dir.display()))?;
-        let registry = Registry::open(Box::new(store))?;
+        let registry = Registry::open(Arc::new(store))?;
         // Uploads are received here: what a killed host left is removed.
         let uploads_dir = config.data_dir.join("uploads");
         remove_partials(&uploads_dir)
@@ -187,7 +190,7 @@ impl Tenancy {
             connections: config.connections,
             calls: Gate::new(config.max_calls),
             tenants: RwLock::new(tenants),
-            registry: tokio::sync::Mutex::new(registry),
+            registry: Arc::new(tokio::sync::Mutex::new(registry)),
             running: Mutex::new(BTreeMap::new()),
             ready: AtomicBool::new(false),
             compiling: CompileQueue::new(config.compile.at_once),
@@ -397,8 +400,8 @@ impl Tenancy {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// The id of the tenant whose admin token this is.
-    pub fn tenant_by_token(&self, token: &str) -> Option<String> {
+    /// The id of the tenant whose admin token was presented (by its hash, computed once per request).
+    pub fn tenant_by_token(&self, presented: &TokenHash) -> Option<String> {
         // Every tenant is checked, so the time taken does not tell which one matched.
         let mut found = None;
         for (tenant, _) in self
@@ -407,18 +410,26 @@ impl Tenancy {
             .unwrap_or_else(|p| p.into_inner())
             .values()
         {
-            if tenant.owns_token(token) {
+            if tenant.owns_token(presented) {
                 found = Some(tenant.id.clone());
             }
         }
         found
     }
 
-    /// Whether a request for `/metrics` with this bearer token (if any) may read it.
-    pub fn may_read_metrics(&self, token: Option<&str>) -> bool {
+    /// Whether `/metrics` needs the operator's token (the config sets one).
+    pub fn metrics_need_token(&self) -> bool {
+        self.metrics_token
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// Whether a request for `/metrics` that presented this token (by its hash, if any) may read it.
+    pub fn may_read_metrics(&self, presented: Option<&TokenHash>) -> bool {
         match &*self.metrics_token.read().unwrap_or_else(|p| p.into_inner()) {
             None => true,
-            Some(hash) => token.is_some_and(|token| hash.matches(token)),
+            Some(hash) => presented.is_some_and(|presented| hash.matches(presented)),
         }
     }
 
@@ -432,6 +443,11 @@ impl Tenancy {
     }
 
     // ----- what the admin API asks -----
+
+    /// How long `client` must wait before it may present a token again, when it has failed too often.
+    pub fn login_refused(&self, client: Option<std::net::IpAddr>) -> Option<Duration> {
+        self.rates.login_refused(client)
+    }
 
     /// Counts a failed login from `client`; `Err(wait)` when it has failed too often lately.
     pub fn failed_login(&self, client: Option<std::net::IpAddr>) -> Result<(), Duration> {
@@ -518,19 +534,27 @@ impl Tenancy {
         let wasm = blocking(move || wasm.sync().map(|()| wasm))
             .await?
             .map_err(|e| ServeError::Internal(format!("cannot write the upload down: {e}")))?;
-        let mut registry = self.registry.lock().await;
+        let registry = self.registry_for(tenant).await?;
         // Under the lock, with the limits and the tenant's other uploads as they are now (a reload may
         // have lowered them, another upload may have been stored meanwhile); its compiled size counted.
         let compiled = code.compiled_bytes();
         let usage = registry.usage(tenant, Some((&digest, size, compiled)));
-        let stored = self
+        let checked = self
             .check_quota(tenant, &usage)
-            .and_then(|()| self.check_fits(tenant, agent, &code))
-            .and_then(|()| {
-                // Stored and made active in one write of the index: a crash never leaves it stored but
-                // inactive.
-                Ok(registry.add_version(tenant, agent, wasm, compiled, unix_now(), activate)?)
-            });
+            .and_then(|()| self.check_fits(tenant, agent, &code));
+        let (registry, stored) = match checked {
+            // Stored and made active in one write of the index: a crash never leaves it stored but
+            // inactive.
+            Ok(()) => {
+                let (t, a) = key(tenant, agent);
+                let now = unix_now();
+                written(registry, move |r| {
+                    r.add_version(&t, &a, wasm, compiled, now, activate)
+                })
+                .await?
+            }
+            Err(error) => (registry, Err(error)),
+        };
         let version = match stored {
             Ok(version) => version,
             Err(error) => {
@@ -587,9 +611,11 @@ impl Tenancy {
         // Compiled (or read from the cache) before anything changes, without the lock: a version that
         // cannot load is never made active, and no other change waits for a compile.
         let (code, digest) = self.code(tenant, agent, version).await?;
-        let mut registry = self.registry.lock().await;
+        let registry = self.registry_for(tenant).await?;
         self.still_fits(&registry, tenant, agent, version, &digest, &code)?;
-        registry.activate(tenant, agent, version)?;
+        let (t, a) = key(tenant, agent);
+        let (registry, done) = written(registry, move |r| r.activate(&t, &a, version)).await?;
+        done?;
         let record = registry.agent(tenant, agent)?.clone();
         let deployment = Deployment {
             version,
@@ -616,12 +642,14 @@ impl Tenancy {
             }
         };
         let (code, digest) = self.code(tenant, agent, back).await?;
-        let mut registry = self.registry.lock().await;
+        let registry = self.registry_for(tenant).await?;
         if registry.agent(tenant, agent)?.previous.last() != Some(&back) {
             return Err(changed_meanwhile(agent, back));
         }
         self.still_fits(&registry, tenant, agent, back, &digest, &code)?;
-        registry.rollback(tenant, agent)?;
+        let (t, a) = key(tenant, agent);
+        let (registry, done) = written(registry, move |r| r.rollback(&t, &a)).await?;
+        done?;
         let record = registry.agent(tenant, agent)?.clone();
         let deployment = Deployment {
             version: back,
@@ -640,8 +668,10 @@ impl Tenancy {
         agent: &str,
         policy: FailurePolicy,
     ) -> Result<AgentRecord, ServeError> {
-        let mut registry = self.registry.lock().await;
-        registry.set_policy(tenant, agent, policy)?;
+        let registry = self.registry_for(tenant).await?;
+        let (t, a) = key(tenant, agent);
+        let (registry, done) = written(registry, move |r| r.set_policy(&t, &a, policy)).await?;
+        done?;
         let record = registry.agent(tenant, agent)?.clone();
         let current = self
             .running()
@@ -665,8 +695,11 @@ impl Tenancy {
         agent: &str,
         version: u32,
     ) -> Result<(), ServeError> {
-        let mut registry = self.registry.lock().await;
-        let unused = registry.delete_version(tenant, agent, version)?;
+        let registry = self.registry_for(tenant).await?;
+        let (t, a) = key(tenant, agent);
+        let (_registry, unused) =
+            written(registry, move |r| r.delete_version(&t, &a, version)).await?;
+        let unused = unused?;
         // (An upload of the same bytes compiling meanwhile may lose its compiled form here: it is compiled
         // again when next needed.)
         unused.iter().for_each(|digest| self.sandbox.forget(digest));
@@ -675,10 +708,15 @@ impl Tenancy {
 
     /// Forgets the agent: its connections close, and Sent sends its live calls to their fallback.
     pub async fn delete_agent(&self, tenant: &str, agent: &str) -> Result<(), ServeError> {
-        let mut registry = self.registry.lock().await;
-        let unused = registry.delete_agent(tenant, agent)?;
-        unused.iter().for_each(|digest| self.sandbox.forget(digest));
-        let running = self.running().remove(&key(tenant, agent));
+        let running = {
+            let registry = self.registry_for(tenant).await?;
+            let (t, a) = key(tenant, agent);
+            let (_registry, unused) = written(registry, move |r| r.delete_agent(&t, &a)).await?;
+            let unused = unused?;
+            unused.iter().for_each(|digest| self.sandbox.forget(digest));
+            self.running().remove(&key(tenant, agent))
+        };
+        // Its connections close without the registry held: other changes need not wait for them.
         stop_all(running.into_iter().collect()).await;
         tracing::info!(tenant, agent, "deleted");
         Ok(())
@@ -744,31 +782,55 @@ impl Tenancy {
 
     // ----- inside -----
 
+    /// The registry, locked, for a change of `tenant`'s; refused when the config no longer has the tenant.
+    /// A reload swaps the tenants under this lock, so a request that was let in before a reload removed
+    /// its tenant changes nothing after it (a tenant added again later under the same id inherits
+    /// nothing that request would have stored).
+    async fn registry_for(&self, tenant: &str) -> Result<Locked, ServeError> {
+        let registry = self.registry.clone().lock_owned().await;
+        if self.tenant(tenant).is_none() {
+            return Err(ServeError::NoTenant(tenant.to_string()));
+        }
+        Ok(registry)
+    }
+
     fn running(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), Running>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A stored version's code and the digest it was made from: from the cache, or compiled in the
-    /// tenant's turn. The registry's lock is held only to read the component; the caller checks, under it
-    /// again, that nothing changed meanwhile and that the code fits the agent's limits as they are then
-    /// ([`Tenancy::still_fits`]).
+    /// tenant's turn. The registry's lock is held only to look the version up: the cache is asked first,
+    /// and a component that must be compiled is read (and hashed) off the async workers without it. The
+    /// caller checks, under the lock again, that nothing changed meanwhile and that the code fits the
+    /// agent's limits as they are then ([`Tenancy::still_fits`]).
     async fn code(
         &self,
         tenant: &str,
         agent: &str,
         version: u32,
     ) -> Result<(AgentCode, Digest), ServeError> {
-        let (wasm, digest) = {
+        let (digest, store) = {
             let registry = self.registry.lock().await;
             let chosen = registry
                 .agent(tenant, agent)?
                 .version(version)
-                .cloned()
                 .ok_or_else(|| RegistryError::no_version(agent, version))?;
-            (registry.component(&chosen)?, chosen.digest)
+            (chosen.digest.clone(), registry.store())
+        };
+        if let Some(code) = self.cached(&digest).await? {
+            return Ok((code, digest));
+        }
+        let wasm = {
+            let digest = digest.clone();
+            match blocking(move || store.get(&digest)).await? {
+                Ok(wasm) => wasm,
+                // Deleted since it was looked up.
+                Err(StoreError::NotFound(_)) => return Err(changed_meanwhile(agent, version)),
+                Err(error) => return Err(RegistryError::from(error).into()),
+            }
         };
         let code = self
-            .load(tenant, Wasm::Bytes(wasm.into()), &digest, true)
+            .load(tenant, Wasm::Bytes(wasm.into()), &digest, false)
             .await?;
         Ok((code, digest))
     }
@@ -925,6 +987,24 @@ impl Tenancy {
             },
         );
     }
+}
+
+/// The registry, locked, as a change holds it.
+type Locked = tokio::sync::OwnedMutexGuard<Registry>;
+
+/// Runs `change` on the locked registry on a blocking thread (a change writes the whole index and flushes
+/// it to disk, a component is renamed into place or deleted: no async worker, which carries calls, waits
+/// for the disk), and hands the lock back with what it returned.
+async fn written<T: Send + 'static>(
+    mut registry: Locked,
+    change: impl FnOnce(&mut Registry) -> Result<T, RegistryError> + Send + 'static,
+) -> Result<(Locked, Result<T, ServeError>), ServeError> {
+    let (registry, result) = blocking(move || {
+        let result = change(&mut registry);
+        (registry, result)
+    })
+    .await?;
+    Ok((registry, result.map_err(ServeError::from)))
 }
 
 /// Stops these agents' links: their connections close and Sent sends their calls to their fallback.

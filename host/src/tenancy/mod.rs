@@ -11,8 +11,8 @@ mod rates;
 mod registry;
 
 pub use config::{
-    token_sha256, valid_agent_id, AdminConfig, KeySource, ServeConfig, Tenant, AGENT_ID_RULE,
-    MAX_API_KEY_BYTES, MAX_CONNECTIONS,
+    token_sha256, valid_agent_id, AdminConfig, KeySource, ServeConfig, Tenant, TokenHash,
+    AGENT_ID_RULE, MAX_API_KEY_BYTES, MAX_CONNECTIONS, MAX_TOKEN_BYTES,
 };
 pub use host::{AgentStatus, ServeError, Tenancy, UploadSlot};
 pub use quota::{Quota, Usage};

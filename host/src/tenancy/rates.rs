@@ -4,9 +4,11 @@
 
 use governor::clock::{Clock as _, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// Client addresses remembered at most; past it, failed logins are refused from every address until
 /// the stale ones are forgotten (a flood from many addresses gets 429s, never more memory).
@@ -15,6 +17,9 @@ const MAX_CLIENTS: usize = 10_000;
 /// The admin API's rate limits.
 pub(super) struct Rates {
     failed_logins: DefaultKeyedRateLimiter<Option<IpAddr>>,
+    /// Clients refused for failing too often, until when: looked at before a request's token is hashed
+    /// (the limiter itself cannot be asked without counting). At most [`MAX_CLIENTS`].
+    refused: Mutex<HashMap<Option<IpAddr>, Instant>>,
     requests: DefaultKeyedRateLimiter<String>,
     clock: DefaultClock,
 }
@@ -28,11 +33,20 @@ impl Rates {
         let burst = per_second.saturating_mul(NonZeroU32::new(2).expect("not zero"));
         Rates {
             failed_logins: DefaultKeyedRateLimiter::keyed(Quota::per_minute(per_minute)),
+            refused: Mutex::new(HashMap::new()),
             requests: DefaultKeyedRateLimiter::keyed(
                 Quota::per_second(per_second).allow_burst(burst),
             ),
             clock: DefaultClock::default(),
         }
+    }
+
+    /// How long `client` must wait when it has failed too often lately; asked before anything else, so a
+    /// refused client costs no hashing.
+    pub(super) fn login_refused(&self, client: Option<IpAddr>) -> Option<Duration> {
+        let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        let until = *refused.get(&client)?;
+        until.checked_duration_since(Instant::now())
     }
 
     /// Counts a failed login from `client` (unknown without an address); `Err(wait)` when it has failed
@@ -44,9 +58,19 @@ impl Rates {
                 return Err(Duration::from_secs(60));
             }
         }
-        self.failed_logins
-            .check_key(&client)
-            .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
+        let Err(not_until) = self.failed_logins.check_key(&client) else {
+            return Ok(());
+        };
+        let wait = not_until.wait_time_from(self.clock.now());
+        let now = Instant::now();
+        let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        if refused.len() >= MAX_CLIENTS {
+            refused.retain(|_, until| *until > now);
+        }
+        if refused.len() < MAX_CLIENTS {
+            refused.insert(client, now + wait);
+        }
+        Err(wait)
     }
 
     /// Counts a request of `tenant`; `Err(wait)` when it asks faster than it may.
@@ -76,6 +100,20 @@ mod tests {
         assert!(rates
             .failed_login(Some(IpAddr::from([10, 0, 0, 2])))
             .is_ok());
+    }
+
+    #[test]
+    fn a_client_refused_for_failing_is_refused_before_its_next_attempt_is_looked_at() {
+        let rates = Rates::new(2, 100);
+        let attacker = Some(IpAddr::from([10, 0, 0, 1]));
+        assert_eq!(rates.login_refused(attacker), None);
+        for _ in 0..2 {
+            assert!(rates.failed_login(attacker).is_ok());
+            assert_eq!(rates.login_refused(attacker), None);
+        }
+        assert!(rates.failed_login(attacker).is_err());
+        assert!(rates.login_refused(attacker).is_some());
+        assert_eq!(rates.login_refused(Some(IpAddr::from([10, 0, 0, 2]))), None);
     }
 
     #[test]

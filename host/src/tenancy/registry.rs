@@ -7,6 +7,7 @@ use crate::content::{remove_partials, write_atomically, Digest, Spooled};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use voicehost_proto::call::FailurePolicy;
 
 /// Why the component store failed.
@@ -50,7 +51,7 @@ impl DiskStore {
     /// A store in `dir`, created if missing; what writes cut short by a crash left there is removed.
     pub fn new(dir: impl Into<PathBuf>) -> Result<DiskStore, StoreError> {
         let dir = dir.into();
-        std::fs::create_dir_all(&dir)?;
+        crate::content::private_dir(&dir)?;
         let removed = remove_partials(&dir)?;
         if removed > 0 {
             tracing::info!(dir = %dir.display(), removed, "removed files left by writes cut short");
@@ -215,14 +216,14 @@ impl RegistryError {
 /// The tenants' agents and versions, over a [`ComponentStore`]. Not shared: the host keeps it behind a
 /// lock, so changes happen one at a time.
 pub struct Registry {
-    store: Box<dyn ComponentStore>,
+    store: Arc<dyn ComponentStore>,
     index: Index,
 }
 
 impl Registry {
     /// Opens the registry kept in `store`, and deletes every component no version refers to: what an
     /// upload killed before its commit, or a delete killed after its commit, left behind.
-    pub fn open(store: Box<dyn ComponentStore>) -> Result<Registry, RegistryError> {
+    pub fn open(store: Arc<dyn ComponentStore>) -> Result<Registry, RegistryError> {
         let (index, indexed) = match store.read_index()? {
             Some(bytes) => (
                 serde_json::from_slice(&bytes)
@@ -317,9 +318,11 @@ impl Registry {
         active
     }
 
-    /// The component of a version, checked against its digest.
-    pub fn component(&self, version: &VersionRecord) -> Result<Vec<u8>, RegistryError> {
-        Ok(self.store.get(&version.digest)?)
+    /// The component store, to read a component without holding the registry (reading and hashing a
+    /// large one takes a while). What is read is checked against its digest; whether that version is
+    /// still the one wanted is for the caller to check under the registry again.
+    pub fn store(&self) -> Arc<dyn ComponentStore> {
+        self.store.clone()
     }
 
     /// Keeps a new version of `agent` (created on its first upload), made active too when `activate` is
@@ -452,7 +455,11 @@ impl Registry {
     ) -> Result<T, RegistryError> {
         let mut index = self.index.clone();
         let result = edit(agent_mut(&mut index, tenant, agent)?)?;
-        self.commit(index)?;
+        // A change that changes nothing (the same policy again, the active version activated) is not
+        // written: every write is a whole index and two flushes to disk.
+        if index != self.index {
+            self.commit(index)?;
+        }
         Ok(result)
     }
 
@@ -545,7 +552,7 @@ mod tests {
     }
 
     fn registry(name: &str) -> Registry {
-        Registry::open(Box::new(store(name))).unwrap()
+        Registry::open(Arc::new(store(name))).unwrap()
     }
 
     #[test]
@@ -560,14 +567,64 @@ mod tests {
         assert_eq!((one.version, two.version), (1, 2));
         registry.activate("acme", "agent_a", 2).unwrap();
         let dir = registry_dir("reopen");
-        let reopened = Registry::open(Box::new(DiskStore::new(dir).unwrap())).unwrap();
+        let reopened = Registry::open(Arc::new(DiskStore::new(dir).unwrap())).unwrap();
         assert_eq!(reopened.index, registry.index);
         assert_eq!(reopened.active()[0].2, two);
-        assert_eq!(reopened.component(&two).unwrap(), b"v2");
+        assert_eq!(reopened.store().get(&two.digest).unwrap(), b"v2");
     }
 
     fn registry_dir(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("voicehost-store-{name}-{}", std::process::id()))
+    }
+
+    /// A store that counts the index writes of the store it wraps.
+    struct CountingWrites(DiskStore, std::sync::atomic::AtomicUsize);
+
+    impl ComponentStore for CountingWrites {
+        fn put(&self, wasm: Spooled) -> Result<Digest, StoreError> {
+            self.0.put(wasm)
+        }
+        fn get(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
+            self.0.get(digest)
+        }
+        fn delete(&self, digest: &Digest) -> Result<(), StoreError> {
+            self.0.delete(digest)
+        }
+        fn list(&self) -> Result<Vec<Digest>, StoreError> {
+            self.0.list()
+        }
+        fn read_index(&self) -> Result<Option<Vec<u8>>, StoreError> {
+            self.0.read_index()
+        }
+        fn write_index(&self, bytes: &[u8]) -> Result<(), StoreError> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.0.write_index(bytes)
+        }
+    }
+
+    #[test]
+    fn a_change_that_changes_nothing_writes_nothing() {
+        let store = Arc::new(CountingWrites(store("no-op"), Default::default()));
+        let mut registry = Registry::open(store.clone()).unwrap();
+        let writes = || store.1.load(std::sync::atomic::Ordering::Relaxed);
+        registry
+            .add_version("acme", "agent_a", spooled(b"v1"), 0, 0, true)
+            .unwrap();
+        registry
+            .set_policy("acme", "agent_a", FailurePolicy::default())
+            .unwrap();
+        registry.activate("acme", "agent_a", 1).unwrap();
+        assert_eq!(writes(), 1, "only the upload changed the index");
+        registry
+            .set_policy(
+                "acme",
+                "agent_a",
+                FailurePolicy::Transfer {
+                    to: voicehost_proto::call::Party::new("number", "+14155550100").unwrap(),
+                },
+            )
+            .unwrap();
+        assert_eq!(writes(), 2);
     }
 
     #[test]
@@ -608,11 +665,11 @@ mod tests {
         registry.delete_agent("acme", "agent_a").unwrap();
         assert!(registry.agent("acme", "agent_a").is_err());
         // globex uploaded the same bytes: they stay until its version goes too.
-        assert_eq!(registry.component(&mine).unwrap(), b"same");
+        assert_eq!(registry.store().get(&mine.digest).unwrap(), b"same");
         registry.delete_version("globex", "agent_b", 1).unwrap();
         assert!(matches!(
-            registry.component(&mine),
-            Err(RegistryError::Store(StoreError::NotFound(_)))
+            registry.store().get(&mine.digest),
+            Err(StoreError::NotFound(_))
         ));
     }
 
@@ -625,13 +682,13 @@ mod tests {
         // An upload killed between storing its component and committing the index.
         let orphan = registry.store.put(spooled(b"never committed")).unwrap();
         let dir = registry_dir("orphans");
-        let reopened = Registry::open(Box::new(DiskStore::new(&dir).unwrap())).unwrap();
+        let reopened = Registry::open(Arc::new(DiskStore::new(&dir).unwrap())).unwrap();
         assert_eq!(reopened.store.list().unwrap(), vec![kept.digest.clone()]);
         assert!(matches!(
             reopened.store.get(&orphan),
             Err(StoreError::NotFound(_))
         ));
-        assert_eq!(reopened.component(&kept).unwrap(), b"kept");
+        assert_eq!(reopened.store().get(&kept.digest).unwrap(), b"kept");
     }
 
     #[test]
@@ -643,7 +700,7 @@ mod tests {
         let dir = registry_dir("no-index");
         // A restore that has not put the index back yet, or an index deleted by hand.
         std::fs::remove_file(dir.join("index.json")).unwrap();
-        let reopened = Registry::open(Box::new(DiskStore::new(&dir).unwrap())).unwrap();
+        let reopened = Registry::open(Arc::new(DiskStore::new(&dir).unwrap())).unwrap();
         assert!(reopened.active().is_empty());
         assert_eq!(reopened.store.list().unwrap(), vec![kept.digest]);
     }
@@ -658,7 +715,7 @@ mod tests {
             .add_version("acme", "agent_a", spooled(b"v2"), 0, 0, true)
             .unwrap();
         let dir = registry_dir("add-active");
-        let reopened = Registry::open(Box::new(DiskStore::new(&dir).unwrap())).unwrap();
+        let reopened = Registry::open(Arc::new(DiskStore::new(&dir).unwrap())).unwrap();
         let record = reopened.agent("acme", "agent_a").unwrap();
         assert_eq!(record.active, Some(two.version));
         assert_eq!(
