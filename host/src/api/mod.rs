@@ -88,7 +88,8 @@ pub async fn serve(
 
 /// The wiring of `voicehost serve`, one function for the binary, the demo and the tests: serves the admin
 /// API of `tenancy` ([`serve`]) in a task of its own until `stop`, then starts the tenancy's agents
-/// (`/healthz` answers 503 until every active one is loaded). The task ends once the API has stopped.
+/// (`/healthz` answers 503 until those in the compiled cache are served). The task ends once the API has
+/// stopped.
 pub async fn start_serving(
     tenancy: &Arc<Tenancy>,
     listener: tokio::net::TcpListener,
@@ -388,19 +389,22 @@ fn session_view(agent_id: String, version: u32, info: &wit::CallInfo) -> Session
 
 /// Is the host ready to serve calls?
 ///
-/// For load balancers and process supervisors. `200` once the registry of agents has loaded, with the
-/// number of agents being served; `503` while it is still loading.
+/// For load balancers and process supervisors. `200` once the registry of agents has loaded and every
+/// agent whose compiled form the host holds is served, with the number of agents being served and of
+/// those still waiting for their version to compile (after an upgrade emptied the compiled cache: each
+/// is served as soon as it is compiled, and its tenant sees it as `loading`); `503` before.
 #[utoipa::path(get, path = "/healthz", tag = "host", operation_id = "health", security(()),
     responses(
         (status = 200, description = "The host is serving.", body = Health,
-            example = json!({"status": "ok", "agents": 12})),
+            example = json!({"status": "ok", "agents": 12, "loading": 0})),
         (status = 503, description = "The host is still loading its registry of agents; try again \
             shortly.", body = Health, example = json!({"status": "starting"})),
     ))]
 async fn healthz(State(tenancy): State<Arc<Tenancy>>) -> (StatusCode, Json<Health>) {
     if tenancy.ready() {
         let agents = tenancy.stats().len() as u64;
-        (StatusCode::OK, Json(Health::Ok { agents }))
+        let loading = tenancy.loading_count() as u64;
+        (StatusCode::OK, Json(Health::Ok { agents, loading }))
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, Json(Health::Starting))
     }

@@ -176,7 +176,10 @@ async fn health_is_503_starting_until_the_server_has_started() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         serde_json::from_value::<Health>(body).unwrap(),
-        Health::Ok { agents: 0 }
+        Health::Ok {
+            agents: 0,
+            loading: 0
+        }
     );
 }
 
@@ -461,4 +464,79 @@ async fn without_a_metrics_token_only_the_hosts_own_machine_reads_the_metrics() 
             "{remote}"
         );
     }
+}
+
+/// The agent's `status` as its tenant sees it.
+async fn status_of(tenancy: &Arc<Tenancy>, token: &str, agent: &str) -> String {
+    let (_, body) = call(
+        tenancy,
+        "GET",
+        &format!("/v1/agents/{agent}"),
+        Some(token),
+        vec![],
+    )
+    .await;
+    body["status"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn after_an_upgrade_emptied_the_cache_the_host_is_ready_and_one_tenants_compile_holds_back_no_other(
+) {
+    let (tenancy, dir) = tenancy("upgrade");
+    for (token, agent, program) in [
+        (ACME, "agent_a", "conformance"),
+        (GLOBEX, "agent_b", "panicker"),
+    ] {
+        let wasm = voicehost_test_programs::read(program);
+        let path = format!("/v1/agents/{agent}/versions?activate=true");
+        let (status, answer) = call(&tenancy, "POST", &path, Some(token), wasm).await;
+        assert_eq!(status, StatusCode::CREATED, "{answer}");
+    }
+    tenancy.shutdown().await;
+    drop(tenancy);
+    let compiled = dir.0.join("data/compiled");
+    for entry in std::fs::read_dir(&compiled).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+
+    let tenancy =
+        Tenancy::open(&config(&dir.0, &[("acme", ACME), ("globex", GLOBEX)]), None).unwrap();
+    // Both tenants' turns to compile are taken (as by their own uploads) when the host starts.
+    let acme_turn = tenancy.hold_compile_turn("acme").await;
+    let globex_turn = tenancy.hold_compile_turn("globex").await;
+    tenancy.start().await;
+    let (status, body) = call(&tenancy, "GET", "/healthz", None, vec![]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        serde_json::from_value::<Health>(body).unwrap(),
+        Health::Ok {
+            agents: 0,
+            loading: 2
+        }
+    );
+    assert_eq!(status_of(&tenancy, ACME, "agent_a").await, "loading");
+    assert_eq!(status_of(&tenancy, GLOBEX, "agent_b").await, "loading");
+
+    // globex's turn comes: its agent is served while acme's waits for its own.
+    drop(globex_turn);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while status_of(&tenancy, GLOBEX, "agent_b").await == "loading" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "globex's agent was never served"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(status_of(&tenancy, GLOBEX, "agent_b").await, "connecting");
+    assert_eq!(status_of(&tenancy, ACME, "agent_a").await, "loading");
+    drop(acme_turn);
+    while tenancy.loading_count() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "acme's agent was never served"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(status_of(&tenancy, ACME, "agent_a").await, "connecting");
+    tenancy.shutdown().await;
 }

@@ -178,15 +178,18 @@ pub struct SessionList {
     pub sessions: Vec<SessionView>,
 }
 
-/// The answer to `GET /healthz`: `{"status":"ok","agents":N}` (200) once every active agent is loaded,
-/// `{"status":"starting"}` (503) before.
+/// The answer to `GET /healthz`: `{"status":"ok","agents":N,"loading":M}` (200) once the registry is read
+/// and every active version the compiled cache holds is served, `{"status":"starting"}` (503) before.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum Health {
-    /// The host has started (200): it has tried to load every active version.
+    /// The host has started (200): it serves every active version it could load from the compiled cache.
     Ok {
         /// Agents being served now, over all tenants (an active version that failed to load is not one).
         agents: u64,
+        /// Active agents still waiting for their version to compile (after an upgrade emptied the
+        /// compiled cache); each is served once compiled, and its tenant sees it as `loading`.
+        loading: u64,
     },
     /// The host is still loading the active versions (503).
     Starting,
@@ -393,6 +396,7 @@ mod tests {
         exactly(&AgentList { agents: vec![] }, r#"{"agents":[]}"#);
         for status in [
             AgentStatus::Inactive,
+            AgentStatus::Loading,
             AgentStatus::Connecting,
             AgentStatus::Serving,
             AgentStatus::Refused,
@@ -443,7 +447,13 @@ mod tests {
 
     #[test]
     fn health_errors_and_requests_are_the_json_the_api_has_always_used() {
-        exactly(&Health::Ok { agents: 2 }, r#"{"status":"ok","agents":2}"#);
+        exactly(
+            &Health::Ok {
+                agents: 2,
+                loading: 1,
+            },
+            r#"{"status":"ok","agents":2,"loading":1}"#,
+        );
         exactly(&Health::Starting, r#"{"status":"starting"}"#);
         exactly(
             &ErrorBody::new(ErrorCode::NotFound, "no such route"),

@@ -12,6 +12,7 @@
 //! one makes a new request, checked like the first.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs as _};
+use std::sync::Arc;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -22,18 +23,54 @@ use wasmtime_wasi_http::Error;
 /// up, so a slow resolver can fill these places but never the host's blocking threads.
 pub const MAX_LOOKUPS: usize = 64;
 
+/// Name lookups in progress at once for one tenant's agents: a tenant whose allowed names resolve slowly
+/// waits for its own lookups, and takes at most this many of the host's [`MAX_LOOKUPS`].
+pub const LOOKUPS_PER_TENANT: usize = 8;
+
 static LOOKUPS: Semaphore = Semaphore::const_new(MAX_LOOKUPS);
 
-/// The addresses `host` resolves to, by the system's resolver, in one of the [`MAX_LOOKUPS`] places.
-async fn lookup(host: &str, port: u16) -> Result<Vec<SocketAddr>, Error> {
+/// One tenant's places for name lookups ([`LOOKUPS_PER_TENANT`]), shared by its agents' calls.
+#[derive(Clone)]
+pub struct Lookups(Arc<Semaphore>);
+
+impl Default for Lookups {
+    fn default() -> Lookups {
+        Lookups(Arc::new(Semaphore::new(LOOKUPS_PER_TENANT)))
+    }
+}
+
+impl std::fmt::Debug for Lookups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lookups({} free)", self.0.available_permits())
+    }
+}
+
+/// Places, not a setting: two policies that allow the same are the same policy.
+impl PartialEq for Lookups {
+    fn eq(&self, _: &Lookups) -> bool {
+        true
+    }
+}
+
+impl Eq for Lookups {}
+
+/// The addresses `host` resolves to, by the system's resolver, in one of the tenant's places and one of
+/// the host's.
+async fn lookup(places: &Lookups, host: &str, port: u16) -> Result<Vec<SocketAddr>, Error> {
     let dns_error = || Error::DnsError {
         rcode: None,
         info_code: None,
     };
+    let own = places
+        .0
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| dns_error())?;
     let place = LOOKUPS.acquire().await.map_err(|_| dns_error())?;
     let host = host.to_string();
     let resolved = tokio::task::spawn_blocking(move || {
-        let _place = place;
+        let _places = (own, place);
         (host.as_str(), port)
             .to_socket_addrs()
             .map(Iterator::collect)
@@ -152,13 +189,14 @@ pub async fn connect(
     host: &str,
     port: u16,
     reach: Reach,
+    lookups: &Lookups,
     deadline: Instant,
     refused: impl FnOnce(),
 ) -> Result<TcpStream, Error> {
     let attempt = async {
         let addresses: Vec<SocketAddr> = match literal(host) {
             Some(ip) => vec![SocketAddr::new(ip, port)],
-            None => lookup(host, port).await?,
+            None => lookup(lookups, host, port).await?,
         };
         if addresses.is_empty() {
             return Err(Error::DestinationNotFound);
@@ -190,6 +228,29 @@ pub async fn connect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_tenant_with_all_its_lookups_in_progress_waits_and_another_tenant_resolves() {
+        let (slow, other) = (Lookups::default(), Lookups::default());
+        // The slow tenant's lookups all hang (a resolver that does not answer).
+        let _hung: Vec<_> = (0..LOOKUPS_PER_TENANT)
+            .map(|_| slow.0.clone().try_acquire_owned().unwrap())
+            .collect();
+        let waits = tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            lookup(&slow, "localhost", 80),
+        )
+        .await;
+        assert!(
+            waits.is_err(),
+            "a ninth lookup of the slow tenant's went ahead"
+        );
+        let resolved = lookup(&other, "localhost", 80).await.unwrap();
+        assert!(
+            resolved.iter().all(|a| a.ip().is_loopback()),
+            "{resolved:?}"
+        );
+    }
 
     fn public(text: &str) -> bool {
         is_public(text.parse().unwrap_or_else(|e| panic!("{text}: {e}")))
@@ -272,15 +333,39 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let by = || Instant::now() + std::time::Duration::from_secs(5);
         let mut told = false;
-        let refused = connect("localhost", port, Reach::Public, by(), || told = true).await;
+        let refused = connect(
+            "localhost",
+            port,
+            Reach::Public,
+            &Lookups::default(),
+            by(),
+            || told = true,
+        )
+        .await;
         assert!(
             matches!(refused, Err(Error::DestinationIpProhibited)),
             "{refused:?}"
         );
         assert!(told);
-        let reached = connect("localhost", port, Reach::Any, by(), || panic!("refused")).await;
+        let reached = connect(
+            "localhost",
+            port,
+            Reach::Any,
+            &Lookups::default(),
+            by(),
+            || panic!("refused"),
+        )
+        .await;
         assert!(reached.is_ok(), "{reached:?}");
-        let literal = connect("127.0.0.1", port, Reach::Any, by(), || panic!("refused")).await;
+        let literal = connect(
+            "127.0.0.1",
+            port,
+            Reach::Any,
+            &Lookups::default(),
+            by(),
+            || panic!("refused"),
+        )
+        .await;
         assert!(literal.is_ok(), "{literal:?}");
     }
 }

@@ -101,6 +101,8 @@ pub struct HttpPolicy {
     pub timeout: Duration,
     /// The largest response body the guest may receive, in bytes.
     pub max_response_bytes: u64,
+    /// The tenant's places for name lookups, shared by every call under this policy.
+    pub lookups: egress::Lookups,
 }
 
 /// The longest [`HttpPolicy::timeout`] a config may set: a request waited on longer holds its call's
@@ -119,6 +121,7 @@ impl Default for HttpPolicy {
             allow_private: Vec::new(),
             timeout: limits::HTTP_TIMEOUT,
             max_response_bytes: limits::HTTP_MAX_RESPONSE_BYTES,
+            lookups: egress::Lookups::default(),
         }
     }
 }
@@ -501,6 +504,7 @@ async fn send(
     let between_bytes = bounded(guest.between_bytes_timeout, policy.timeout);
     let cap = policy.max_response_bytes;
     let head = request.method() == Method::HEAD;
+    let (whole, lookups) = (policy.timeout, policy.lookups.clone());
     let exchange = async move {
         let refused = || {
             let why = "its host resolves only to non-public addresses (allow them with \
@@ -511,6 +515,7 @@ async fn send(
             &target.host,
             target.port,
             target.reach,
+            &lookups,
             connected_by,
             refused,
         )
@@ -536,7 +541,7 @@ async fn send(
         };
         Ok((http::Response::from_parts(parts, body.boxed_unsync()), io))
     };
-    match tokio::time::timeout(policy.timeout, exchange).await {
+    match tokio::time::timeout(whole, exchange).await {
         Ok(result) => result,
         Err(_) => Err(Error::HttpResponseTimeout),
     }

@@ -628,6 +628,7 @@ impl HttpConfig {
             allow_private,
             timeout,
             max_response_bytes,
+            lookups: Default::default(),
         })
     }
 }

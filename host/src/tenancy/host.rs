@@ -14,7 +14,7 @@ use crate::sandbox::{blocking, AgentCode, ChildCompiler, Limits, LoadError, Sand
 use std::path::PathBuf;
 
 use crate::stats::{Counter, LiveSession, Stats};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -65,7 +65,7 @@ struct Running {
 // One type for the tenancy and the admin API: `api/views.rs` serialises it as it is, and its doc comments
 // are the OpenAPI document's schema (hence in the API's words). Sent's reason for a refusal travels beside it
 // (see `Tenancy::status`), as the API's `status_detail` does.
-/// Whether an agent's calls can reach it: `inactive`, `connecting`, `serving` or `refused`.
+/// Whether an agent's calls can reach it: `inactive`, `loading`, `connecting`, `serving` or `refused`.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
 )]
@@ -73,6 +73,9 @@ struct Running {
 pub enum AgentStatus {
     /// No active version: not connected.
     Inactive,
+    /// Its active version is being compiled (the host started without its compiled form, after an
+    /// upgrade): served once compiled.
+    Loading,
     /// Connecting to Sent, or reconnecting with backoff.
     Connecting,
     /// At least one connection to Sent is ready.
@@ -86,6 +89,7 @@ impl AgentStatus {
     pub fn as_str(self) -> &'static str {
         match self {
             AgentStatus::Inactive => "inactive",
+            AgentStatus::Loading => "loading",
             AgentStatus::Connecting => "connecting",
             AgentStatus::Serving => "serving",
             AgentStatus::Refused => "refused",
@@ -120,6 +124,11 @@ pub struct Tenancy {
     metrics_token: RwLock<Option<TokenHash>>,
     registry: Arc<tokio::sync::Mutex<Registry>>,
     running: Mutex<BTreeMap<(String, String), Running>>,
+    /// Active agents not served yet because their version is being compiled (at start, or after a
+    /// reload adds their tenant): shown as `loading`.
+    loading: Mutex<BTreeSet<(String, String)>>,
+    /// The tasks compiling active versions to serve them (see [`Tenancy::compile_in_background`]).
+    background: Mutex<Vec<JoinHandle<()>>>,
     ready: AtomicBool,
     /// Whose compile runs when: a few at once, one per tenant (see [`CompileQueue`]).
     compiling: CompileQueue,
@@ -192,6 +201,8 @@ impl Tenancy {
             tenants: RwLock::new(tenants),
             registry: Arc::new(tokio::sync::Mutex::new(registry)),
             running: Mutex::new(BTreeMap::new()),
+            loading: Mutex::new(BTreeSet::new()),
+            background: Mutex::new(Vec::new()),
             ready: AtomicBool::new(false),
             compiling: CompileQueue::new(config.compile.at_once),
             uploads: UploadSlots::new(config.admin.uploads_per_tenant),
@@ -207,24 +218,51 @@ impl Tenancy {
         }))
     }
 
-    /// Serves every active version in the registry; then the server is ready.
+    /// Serves every active version in the registry: those in the compiled cache before it returns (the
+    /// server is ready then), those that must be compiled (an upgrade emptied the cache) in the
+    /// background, each as soon as it is compiled; until then they show as loading (`/healthz` counts
+    /// them).
     pub async fn start(self: &Arc<Tenancy>) {
         let started = Instant::now();
-        self.serve_active().await;
+        let to_compile = self.serve_cached().await;
         self.ready.store(true, Ordering::Release);
         tracing::info!(
             agents = self.running().len(),
-            compiled = self.compilations.get(),
+            loading = to_compile.len(),
             from_cache = self.cache_loads.get(),
             took_ms = started.elapsed().as_millis() as u64,
             "serving"
         );
+        self.compile_in_background(to_compile);
     }
 
-    /// Serves the active versions of the config's tenants that are not served yet: first every one in
-    /// the compiled cache, then those to compile (smallest first), so no cache load waits for a compile.
-    /// Each is loaded without the registry's lock, and served if it is still the active one.
-    async fn serve_active(self: &Arc<Tenancy>) {
+    /// [`Tenancy::compile_and_serve`] in a task of its own, which [`Tenancy::shutdown`] stops.
+    fn compile_in_background(
+        self: &Arc<Tenancy>,
+        to_compile: Vec<(String, String, VersionRecord)>,
+    ) {
+        if to_compile.is_empty() {
+            return;
+        }
+        let tenancy = self.clone();
+        let task = tokio::spawn(async move {
+            let (count, started) = (to_compile.len(), Instant::now());
+            tenancy.compile_and_serve(to_compile).await;
+            tracing::info!(
+                versions = count,
+                agents = tenancy.running().len(),
+                took_ms = started.elapsed().as_millis() as u64,
+                "the active versions that had to be compiled are loaded"
+            );
+        });
+        let mut background = self.background.lock().unwrap_or_else(|p| p.into_inner());
+        background.retain(|task| !task.is_finished());
+        background.push(task);
+    }
+
+    /// Serves the active versions in the compiled cache that are not served yet; returns the others
+    /// (smallest first), now counted as loading.
+    async fn serve_cached(self: &Arc<Tenancy>) -> Vec<(String, String, VersionRecord)> {
         let mut active = self.registry.lock().await.active();
         active.sort_by_key(|(_, _, version)| version.size_bytes);
         let mut to_compile = Vec::new();
@@ -248,14 +286,40 @@ impl Tenancy {
                 }
             }
         }
-        for (tenant, agent, version) in to_compile {
+        let mut loading = self.loading();
+        loading.extend(to_compile.iter().map(|(t, a, _)| key(t, a)));
+        drop(loading);
+        to_compile
+    }
+
+    /// Compiles these active versions and serves each as soon as it is compiled. All are asked for at
+    /// once: the compile queue runs `at_once` of them, one per tenant at a time and tenants in turn, so
+    /// one tenant's many (or slow) versions hold back no other tenant's agents.
+    async fn compile_and_serve(
+        self: &Arc<Tenancy>,
+        to_compile: Vec<(String, String, VersionRecord)>,
+    ) {
+        let each = to_compile.into_iter().map(|(tenant, agent, version)| async move {
             match self.code(&tenant, &agent, version.version).await {
                 Ok((code, _)) => self.serve_if_active(&tenant, &agent, &version, code).await,
                 Err(error) => {
                     tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version")
                 }
             }
-        }
+            self.loading().remove(&key(&tenant, &agent));
+        });
+        futures_util::future::join_all(each).await;
+    }
+
+    /// How many active agents are waiting for their version to compile before they are served.
+    pub fn loading_count(&self) -> usize {
+        self.loading().len()
+    }
+
+    /// Holds `tenant`'s turn to compile until the returned turn is dropped (for tests of the queue).
+    #[cfg(test)]
+    pub(crate) async fn hold_compile_turn(&self, tenant: &str) -> impl Send {
+        self.compiling.turn(tenant).await
     }
 
     /// Serves `code` as the agent's, if `version` is still its active version and it is not served yet
@@ -384,7 +448,8 @@ impl Tenancy {
             }
         }
         drop(registry);
-        self.serve_active().await;
+        let to_compile = self.serve_cached().await;
+        self.compile_in_background(to_compile);
         tracing::info!(
             tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner()).len(),
             removed = gone.len(),
@@ -395,7 +460,8 @@ impl Tenancy {
         Ok(())
     }
 
-    /// Whether [`Tenancy::start`] has finished (`/healthz` answers 200 from then on).
+    /// Whether [`Tenancy::start`] has served what the compiled cache holds (`/healthz` answers 200 from
+    /// then on).
     pub fn ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
@@ -742,6 +808,9 @@ impl Tenancy {
     pub fn status(&self, tenant: &str, agent: &str) -> (AgentStatus, Option<String>) {
         let running = self.running();
         let Some(running) = running.get(&key(tenant, agent)) else {
+            if self.loading().contains(&key(tenant, agent)) {
+                return (AgentStatus::Loading, None);
+            }
             return (AgentStatus::Inactive, None);
         };
         if let Some(why) = running
@@ -776,6 +845,12 @@ impl Tenancy {
 
     /// Stops serving every agent: their connections close, live calls go to Sent's fallback.
     pub async fn shutdown(&self) {
+        // Compiles still to come would serve agents again: they stop first (a compiling child dies with
+        // its task).
+        let background =
+            std::mem::take(&mut *self.background.lock().unwrap_or_else(|p| p.into_inner()));
+        background.iter().for_each(JoinHandle::abort);
+        self.loading().clear();
         let running: Vec<Running> = std::mem::take(&mut *self.running()).into_values().collect();
         stop_all(running).await;
     }
@@ -796,6 +871,10 @@ impl Tenancy {
 
     fn running(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), Running>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn loading(&self) -> std::sync::MutexGuard<'_, BTreeSet<(String, String)>> {
+        self.loading.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A stored version's code and the digest it was made from: from the cache, or compiled in the
