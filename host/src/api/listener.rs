@@ -34,9 +34,20 @@ pub struct ListenerLimits {
     /// How long a connection may stay open at all, whatever it does.
     pub max_age: Duration,
     /// TLS handshakes begun per second, from everyone (in bursts of as many): each costs a signature on
-    /// the workers that carry the calls, so connections past it are closed at once.
+    /// the workers that carry the calls, so connections past it are closed at once. One client address
+    /// may begin a tenth of them ([`per_client_handshakes`]): one that connects and resets cannot take
+    /// them all.
     pub handshakes_per_second: u32,
 }
+
+/// TLS handshakes one client address may begin per second: a tenth of the listener's, at least one.
+pub fn per_client_handshakes(handshakes_per_second: u32) -> u32 {
+    (handshakes_per_second / 10).max(1)
+}
+
+/// Client addresses the per-client handshake budget remembers at most; past it, stale ones are forgotten,
+/// and while it is still full a new address's TLS connection is closed at once.
+const MAX_HANDSHAKE_CLIENTS: usize = 10_000;
 
 /// The config's `[admin]` settings (defaults: 256 connections, a quarter of a usual 1,024-descriptor limit,
 /// which `serve` raises to its hard limit at start; 32 per client address; 10 s for a request's head).
@@ -53,18 +64,26 @@ impl From<&AdminConfig> for ListenerLimits {
 }
 
 /// Serves `router` on `listener` under `limits`, in TLS with `tls`'s certificate when given, until `stop`
-/// resolves, then lets the requests in progress finish (the caller bounds how long it waits).
+/// resolves, then lets the requests in progress finish (the caller bounds how long it waits). A connection
+/// from a client `turned_away` says is to wait (its address failed to log in too often) is closed at once;
+/// every connection closed at once is told to `refused`.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ListenerLimits,
     tls: Option<Arc<ServerCert>>,
+    turned_away: impl Fn(IpAddr) -> bool,
     refused: impl Fn() + Send + Sync + 'static,
     stop: impl Future<Output = ()>,
 ) {
     let tls = tls.map(|cert| cert.acceptor());
-    let handshakes = governor::DefaultDirectRateLimiter::direct(governor::Quota::per_second(
-        std::num::NonZeroU32::new(limits.handshakes_per_second.max(1)).expect("not zero"),
+    let per_second = |n: u32| {
+        governor::Quota::per_second(std::num::NonZeroU32::new(n.max(1)).expect("not zero"))
+    };
+    let handshakes =
+        governor::DefaultDirectRateLimiter::direct(per_second(limits.handshakes_per_second));
+    let client_handshakes = governor::DefaultKeyedRateLimiter::<IpAddr>::keyed(per_second(
+        per_client_handshakes(limits.handshakes_per_second),
     ));
     let open = Arc::new(Semaphore::new(limits.connections));
     let clients = Arc::new(Clients::default());
@@ -91,15 +110,28 @@ pub async fn serve(
             tracing::debug!(%peer, "admin connection refused: the listener is full");
             continue;
         };
-        let Some(client) = clients.enter(client_key(peer.ip()), limits.per_client) else {
+        let key = client_key(peer.ip());
+        if turned_away(key) {
+            refused();
+            tracing::debug!(%peer, "admin connection refused: the client failed to log in too often");
+            continue;
+        }
+        let Some(client) = clients.enter(key, limits.per_client) else {
             refused();
             tracing::debug!(%peer, "admin connection refused: the client has too many open");
             continue;
         };
-        if tls.is_some() && handshakes.check().is_err() {
-            refused();
-            tracing::debug!(%peer, "admin connection refused: too many TLS handshakes this second");
-            continue;
+        if tls.is_some() {
+            if client_handshakes.len() >= MAX_HANDSHAKE_CLIENTS {
+                client_handshakes.retain_recent();
+            }
+            // The client's own budget first: a client past it spends nothing of everyone's.
+            let known = client_handshakes.len() < MAX_HANDSHAKE_CLIENTS;
+            if !known || client_handshakes.check_key(&key).is_err() || handshakes.check().is_err() {
+                refused();
+                tracing::debug!(%peer, "admin connection refused: too many TLS handshakes this second");
+                continue;
+            }
         }
         let service = router.clone().layer(axum::Extension(ConnectInfo(peer)));
         let service = TowerToHyperService::new(service);

@@ -73,11 +73,16 @@ pub async fn serve(
     stop: impl std::future::Future<Output = ()>,
 ) {
     let refused = tenancy.admin_refused.clone();
+    let turned_away = {
+        let tenancy = tenancy.clone();
+        move |client| tenancy.login_refused(Some(client)).is_some()
+    };
     listener::serve(
         listener,
         router(tenancy),
         admin.into(),
         tls,
+        turned_away,
         move || {
             refused.inc();
         },
@@ -148,6 +153,9 @@ pub struct ApiError {
     message: String,
     /// Seconds until the client may try again (`Retry-After`), for a `busy` answer.
     retry_after: Option<u64>,
+    /// The connection closes after this answer (a failed login: a client without a token holds no
+    /// connection open by asking again and again on it).
+    close: bool,
 }
 
 impl ApiError {
@@ -156,6 +164,7 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after: None,
+            close: false,
         }
     }
 
@@ -193,6 +202,12 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+        }
+        if self.close {
+            response.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
         }
         response
     }
@@ -296,17 +311,23 @@ fn client(parts: &Parts) -> Option<std::net::IpAddr> {
 }
 
 fn too_many_failed_logins(wait: std::time::Duration) -> ApiError {
-    ApiError::busy(
-        "too many failed logins from this address: wait before trying again",
-        wait,
-    )
+    ApiError {
+        close: true,
+        ..ApiError::busy(
+            "too many failed logins from this address: wait before trying again",
+            wait,
+        )
+    }
 }
 
 /// The answer to a request without a token the host knows: 401, or 429 once its client address has failed
 /// `failed_logins_per_minute` times.
 fn failed_login(tenancy: &Tenancy, parts: &Parts, what: &str) -> ApiError {
     match tenancy.failed_login(client(parts)) {
-        Ok(()) => ApiError::new(ErrorCode::Unauthorized, what),
+        Ok(()) => ApiError {
+            close: true,
+            ..ApiError::new(ErrorCode::Unauthorized, what)
+        },
         Err(wait) => too_many_failed_logins(wait),
     }
 }

@@ -155,3 +155,57 @@ async fn connections_past_the_tls_handshake_rate_are_closed_at_once() {
     served.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A connection to `address` from `ip` (a loopback address of its own).
+async fn connect_from(address: &str, ip: [u8; 4]) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((ip, 0).into()).unwrap();
+    socket.connect(address.parse().unwrap()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_connecting_again_and_again_takes_only_its_share_of_tls_handshakes() {
+    let token = "vh_tls_share_token_0123456789";
+    let (dir, config) = one_tenant("admin-tls-share", token);
+    new_certificate(&dir, "cert-copy.pem");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "listen = \"127.0.0.1:0\"\n",
+        "listen = \"127.0.0.1:0\"\ntls_cert = \"cert.pem\"\ntls_key = \"key.pem\"\n\
+         tls_handshakes_per_second = 20\nhead_timeout_seconds = 5\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    let served = Served::start(&config);
+    let address = served.admin.trim_start_matches("http://").to_string();
+
+    // 127.0.0.5 opens 20 connections at once: its share is 2 a second, so most are closed at once.
+    const AT_ONCE: usize = 20;
+    let started = Instant::now();
+    let mut flood = Vec::new();
+    for _ in 0..AT_ONCE {
+        flood.push(connect_from(&address, [127, 0, 0, 5]).await);
+    }
+    let admitted = 2 * (1 + started.elapsed().as_secs() as usize);
+    assert!(
+        admitted < AT_ONCE / 2,
+        "connecting {AT_ONCE} took {:?}: too slow to tell a rate of 2/s",
+        started.elapsed()
+    );
+    let mut closed = 0;
+    for connection in &mut flood {
+        let read =
+            tokio::time::timeout(Duration::from_millis(500), connection.read(&mut [0; 16])).await;
+        if matches!(read, Ok(Ok(0)) | Ok(Err(_))) {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= AT_ONCE - admitted,
+        "{closed} of {AT_ONCE} closed at once, {admitted} admitted"
+    );
+    // Another address still begins its handshake: the listener waits for its hello.
+    let mut other = connect_from(&address, [127, 0, 0, 6]).await;
+    let read = tokio::time::timeout(Duration::from_secs(1), other.read(&mut [0; 16])).await;
+    assert!(read.is_err(), "the other address was refused: {read:?}");
+    served.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

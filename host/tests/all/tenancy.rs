@@ -965,3 +965,62 @@ async fn a_client_guessing_tokens_is_slowed_to_its_rate_and_a_tenant_keeps_its_a
     assert_eq!(status, 200, "{body}");
     hosting.finish().await;
 }
+
+/// A request on a connection of its own from `ip`, with `token` and without `connection: close`: the
+/// answer, read until the server closes the connection (`None` if it keeps it open for 5 s).
+async fn request_until_closed(admin: &str, ip: [u8; 4], token: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((ip, 0).into()).unwrap();
+    let mut stream = socket
+        .connect(admin.trim_start_matches("http://").parse().unwrap())
+        .await
+        .unwrap();
+    let request =
+        format!("GET /v1/agents HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut text = String::new();
+    match tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await {
+        Ok(_) => Some(text),
+        Err(_) => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_a_token_holds_no_admin_connection_open() {
+    let hosting = Hosting::start_with(
+        "no-token-no-connection",
+        "[admin]\nfailed_logins_per_minute = 3\nrequests_per_second = 1000",
+        "",
+    )
+    .await;
+    // Each failed login closes its connection: asking again means connecting again.
+    for _ in 0..3 {
+        let text = request_until_closed(
+            &hosting.admin,
+            [127, 0, 0, 7],
+            "vh_not_a_token_anyone_has_0000",
+        )
+        .await
+        .expect("the connection stayed open after a failed login");
+        assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    }
+    let text = request_until_closed(
+        &hosting.admin,
+        [127, 0, 0, 7],
+        "vh_not_a_token_anyone_has_0000",
+    )
+    .await
+    .expect("the connection stayed open after a 429");
+    assert!(text.starts_with("HTTP/1.1 429"), "{text}");
+    // From now on until it may try again, its connections are closed before a request is read.
+    let mut stream = half_open(&hosting.admin, [127, 0, 0, 7]).await;
+    assert!(closed_within(&mut stream, Duration::from_secs(2)).await);
+    // A tenant's own connection, from another address, stays open for its next request.
+    assert_eq!(
+        request_until_closed(&hosting.admin, [127, 0, 0, 8], ACME_TOKEN).await,
+        None,
+        "a tenant's connection was closed after a good request"
+    );
+    hosting.finish().await;
+}
