@@ -39,30 +39,35 @@ fn main() -> Result<()> {
     let sandbox = Sandbox::new()?;
     let code = sandbox.load(&wasm)?;
     let mut rows = Vec::new();
-    for attack in [
-        None,
-        Some(format!("flood {FLOOD}")),
-        Some("big 10000".to_string()),
+    for (attackers, attack) in [
+        (0, None),
+        (1, Some(format!("flood {FLOOD}"))),
+        (1, Some("big 10000".to_string())),
         // 150 ms of CPU for every 20 ms frame: one core kept busy, never past its deadline.
-        Some("spin 150".to_string()),
-        Some("log 1000".to_string()),
+        (1, Some("spin 150".to_string())),
+        // Four of them: more than both cores' worth of guest work (issue 24's measure).
+        (4, Some("spin 150".to_string())),
+        (1, Some("log 1000".to_string())),
         // 1 MiB kept per frame: the memory cap traps it within a second, three times, then the hangup.
-        Some("grow 1024".to_string()),
+        (1, Some("grow 1024".to_string())),
     ] {
-        let row = runtime.block_on(run(&code, attack.clone()))?;
-        rows.push((attack, row));
+        let row = runtime.block_on(run(&code, attackers, attack.clone()))?;
+        rows.push((attackers, attack, row));
     }
     println!(
         "| neighbour beside | echoes | p50 | p99 | max | peak RSS | attacker's audio messages written | dropped by the host |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    let alone = rows[0].1.p50;
-    for (attack, row) in &rows {
+    let alone = rows[0].2.p50;
+    for (attackers, attack, row) in &rows {
         println!(
             "| {} | {}/{} | {:.2} ms ({:.1}×) | {:.2} ms | {:.2} ms | {} MiB | {} | {} |",
             attack
                 .as_deref()
-                .map_or("nothing (alone)".to_string(), |a| format!("`{a}`")),
+                .map_or("nothing (alone)".to_string(), |a| match attackers {
+                    1 => format!("`{a}`"),
+                    n => format!("{n} × `{a}`"),
+                }),
             row.echoes,
             FRAMES,
             ms(row.p50),
@@ -109,7 +114,11 @@ fn frame(number: usize) -> Vec<u8> {
         .collect()
 }
 
-async fn run(code: &voicehost::sandbox::AgentCode, attack: Option<String>) -> Result<Row> {
+async fn run(
+    code: &voicehost::sandbox::AgentCode,
+    attackers: usize,
+    attack: Option<String>,
+) -> Result<Row> {
     let sim = Sim::start_local(SimConfig {
         heartbeat_interval_ms: 1000,
         ..SimConfig::default()
@@ -127,20 +136,23 @@ async fn run(code: &voicehost::sandbox::AgentCode, attack: Option<String>) -> Re
     let conn = tokio::time::timeout(Duration::from_secs(15), sim.connection())
         .await
         .map_err(|_| anyhow!("no connection within 15 s"))??;
-    let attacker = attack.map(|command| {
-        let mut context = serde_json::Map::new();
-        context.insert("prober".into(), command.into());
-        let call = conn.start(SessionSpec {
-            kind: Kind::Audio {
-                sample_rate: 16_000,
-            },
-            resumable: true,
-            context: Some(context),
-        });
-        // Its audio is counted, not recorded: the recorder would hold it all.
-        call.count_audio_only();
-        call
-    });
+    let attackers: Vec<_> = (0..attackers)
+        .filter_map(|_| attack.clone())
+        .map(|command| {
+            let mut context = serde_json::Map::new();
+            context.insert("prober".into(), command.into());
+            let call = conn.start(SessionSpec {
+                kind: Kind::Audio {
+                    sample_rate: 16_000,
+                },
+                resumable: true,
+                context: Some(context),
+            });
+            // Its audio is counted, not recorded: the recorder would hold it all.
+            call.count_audio_only();
+            call
+        })
+        .collect();
     let mut neighbour = conn.start_audio(16_000);
     let warm = frame(9999);
     neighbour.send_audio(&warm);
@@ -162,7 +174,7 @@ async fn run(code: &voicehost::sandbox::AgentCode, attack: Option<String>) -> Re
     for number in 0..FRAMES {
         tick.tick().await;
         neighbour.send_audio(&frame(number));
-        if let Some(attacker) = &attacker {
+        for attacker in &attackers {
             attacker.send_audio(&frame(number));
         }
     }
@@ -203,7 +215,7 @@ async fn run(code: &voicehost::sandbox::AgentCode, attack: Option<String>) -> Re
         p99: at(0.99),
         max: latencies.last().copied().unwrap_or(Duration::MAX),
         peak_rss: peak.load(Ordering::Relaxed),
-        attacker_audio: attacker.as_ref().map_or(0, |a| a.audio_counted()),
+        attacker_audio: attackers.iter().map(|a| a.audio_counted()).sum(),
         dropped: stats.audio_out_dropped.get(),
     };
     let _ = stop.send(true);

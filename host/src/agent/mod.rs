@@ -5,8 +5,8 @@
 //! before any frame, `closed` last), the router task feeds it the clock, each call's task feeds it its
 //! guest's requests, and whoever fed it carries out what it asks while still holding the lock (queueing on
 //! a connection never waits), so that what the router decided reaches the sockets in the order it decided
-//! it. A frame from Sent thus crosses three tasks: its connection's reader, its call's task (the guest),
-//! and the connection's writer.
+//! it. A frame from Sent thus crosses three tasks: its connection's reader, its call's task (the guest, on
+//! the calls' runtime: see `sandbox::spawn_call`), and the connection's writer.
 
 mod admission;
 mod call_task;
@@ -406,7 +406,7 @@ impl Agent {
                         admitted = permit.is_some(),
                         "serving a call"
                     );
-                    tokio::spawn(call_task::run(
+                    crate::sandbox::spawn_call(call_task::run(
                         self.clone(),
                         key,
                         start,

@@ -6,7 +6,7 @@ use super::compiler::{ChildCompiler, ChildFailure};
 use super::guest_log::clip;
 use super::imports::HostState;
 use super::native::NativeAgent;
-use super::{bindings, limits, outbound, Limits, TICK};
+use super::{bindings, limits, outbound, Limits, IDLE_TICK, TICK};
 use crate::content::{remove_partials, write_atomically, Digest, TempFile};
 use anyhow::Result;
 use std::collections::BTreeSet;
@@ -61,7 +61,10 @@ impl Sandbox {
                 while let Some(engine) = ticker.upgrade() {
                     engine.increment_epoch();
                     drop(engine);
-                    std::thread::sleep(TICK);
+                    // A tick at its finest only while every calls' worker is in a guest (each waking
+                    // costs the host's CPU, even when every guest is idle).
+                    let contended = super::cpu::contended();
+                    std::thread::sleep(if contended { TICK } else { IDLE_TICK });
                 }
             })?;
         Ok(Sandbox {

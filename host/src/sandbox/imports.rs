@@ -1,11 +1,12 @@
 //! The host's side of the guest's imports: the state of one Store, whose WASI, `wasi:http` and `voicehost`
 //! imports reach the call through [`GuestImports`], and the meters behind the limits.
 
+use super::cpu::Share;
 use super::guest_log::GuestOutput;
 use super::limits::{MAX_FIELDS_BYTES, MAX_HANDLES, MAX_RANDOM_BYTES, MAX_TABLE_ELEMENTS};
 use super::outbound::PolicyHooks;
 use super::wit::{CallInfo, Level, Refused, ToolResult};
-use super::{bindings, ticks, GuestImports, Limits};
+use super::{bindings, GuestImports, Limits};
 use bindings::voicehost::agent::{log, session, types};
 use std::sync::Arc;
 use wasmtime::component::ResourceTable;
@@ -26,10 +27,10 @@ pub(crate) struct HostState {
     memory: MemoryMeter,
     /// Whether the instance asked for more memory than its cap.
     pub(super) memory_hit: bool,
-    /// The ticks of guest running time a handler call may take.
+    /// The guest time a handler call may take, in nanoseconds.
     pub(super) cpu_budget: u64,
-    /// The ticks the running handler call has taken.
-    pub(super) cpu_used: u64,
+    /// What the running handler call has used of the guest CPU.
+    pub(super) cpu: Share,
 }
 
 impl HostState {
@@ -38,6 +39,7 @@ impl HostState {
         imports: Arc<dyn GuestImports>,
         limits: &Limits,
         output: GuestOutput,
+        cpu: Share,
     ) -> HostState {
         let wasi = WasiCtx::builder()
             .stdout(output.clone())
@@ -57,8 +59,8 @@ impl HostState {
             output,
             memory: MemoryMeter::new(limits.memory_bytes),
             memory_hit: false,
-            cpu_budget: ticks(limits.cpu_per_call),
-            cpu_used: 0,
+            cpu_budget: u64::try_from(limits.cpu_per_call.as_nanos()).unwrap_or(u64::MAX),
+            cpu,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The instance serving one call: one Store at a time, its handlers called one event at a time under the
 //! call's limits, and a fresh Store after a trap.
 
+use super::cpu::{self, Share};
 use super::engine::{AgentCode, Form};
 use super::guest_log::{clip, GuestOutput};
 use super::imports::HostState;
@@ -99,6 +100,8 @@ pub struct Instance {
     live: Option<Live>,
     /// Guest output shared by every Store of this call, so a rebuilt instance keeps the rate limit.
     output: GuestOutput,
+    /// What the call's handler calls use of the guest CPU, kept by every Store of this call.
+    cpu: Share,
 }
 
 impl Instance {
@@ -115,6 +118,7 @@ impl Instance {
             limits,
             live: None,
             output,
+            cpu: Share::default(),
         };
         instance.live = Some(instance.instantiate().await?);
         Ok(instance)
@@ -123,15 +127,18 @@ impl Instance {
     // Not `&self` across the await: a Store is Send but not Sync. Under the wall-clock bound of a handler
     // call: a component's start functions run guest code, which could wait in an import for ever.
     fn instantiate(&self) -> impl Future<Output = Result<Live>> + Send + 'static {
-        let (code, imports, limits, output) = (
+        let (code, imports, limits, output, cpu) = (
             self.code.clone(),
             self.imports.clone(),
             self.limits.clone(),
             self.output.clone(),
+            self.cpu.clone(),
         );
         async move {
             let within = limits.wall_per_call;
-            tokio::time::timeout(within, instantiate(&code, imports, &limits, output))
+            cpu.restart();
+            let instantiating = instantiate(&code, imports, &limits, output, cpu.clone());
+            tokio::time::timeout(within, cpu::run(&cpu, instantiating))
                 .await
                 .unwrap_or_else(|_| anyhow::bail!("instantiating took longer than {within:?}"))
         }
@@ -143,6 +150,7 @@ async fn instantiate(
     imports: Arc<dyn GuestImports>,
     limits: &Limits,
     output: GuestOutput,
+    cpu: Share,
 ) -> Result<Live> {
     let (engine, pre, pre_without_http) = match &code.form {
         Form::Wasm {
@@ -152,18 +160,18 @@ async fn instantiate(
         } => (engine, pre, pre_without_http),
         Form::Native(agent) => return Ok(Live::Native(agent.clone())),
     };
-    let state = HostState::new(imports, limits, output);
+    let state = HostState::new(imports, limits, output, cpu);
     let mut store = Store::new(engine, state);
     store.limiter(|state| state);
     store.set_hostcall_fuel(MAX_HOSTCALL_BYTES);
     store.set_max_component_handles(MAX_COMPONENT_HANDLES);
-    store.epoch_deadline_callback(|mut context| {
-        let state = context.data_mut();
-        state.cpu_used += 1;
-        if state.cpu_used > state.cpu_budget {
+    store.epoch_deadline_callback(|context| {
+        let state = context.data();
+        // What the handler call's polls took so far (the one running now is counted when it ends).
+        if state.cpu.used() > state.cpu_budget {
             return Ok(UpdateDeadline::Interrupt);
         }
-        // Yield so a busy guest never holds its worker thread for more than a tick.
+        // Yield: the guest's worker goes to the next call at least once a tick (`cpu.rs`).
         Ok(UpdateDeadline::Yield(1))
     });
     store.set_epoch_deadline(1);
@@ -191,8 +199,11 @@ impl Instance {
                 }
             }
         }
+        self.cpu.restart();
         if let Some(Live::Native(agent)) = &self.live {
-            let call = agent.call(&*self.imports, event);
+            // Host code, but measured as a guest's is (so the native handler of the benchmarks costs
+            // what the Wasm one does beside its guest code).
+            let call = cpu::run(&self.cpu, agent.call(&*self.imports, event));
             return match tokio::time::timeout(self.limits.wall_per_call, call).await {
                 Ok(outcome) => outcome,
                 Err(_) => self.over_wall(event),
@@ -204,7 +215,6 @@ impl Instance {
                 report: TrapReport::outside("no instance"),
             };
         };
-        store.data_mut().cpu_used = 0;
         store.set_epoch_deadline(1);
         let handler = agent.voicehost_agent_handler();
         let call = async {
@@ -219,6 +229,7 @@ impl Instance {
                 Event::Restart(reason) => handler.call_on_restart(&mut *store, reason).await,
             }
         };
+        let call = cpu::run(&self.cpu, call);
         let result = tokio::time::timeout(self.limits.wall_per_call, call).await;
         let outcome = match result {
             Ok(Ok(Ok(()))) => Outcome::Ok,

@@ -1,6 +1,7 @@
 //! wasmtime: one engine with the pooling allocator and an epoch ticker, one `InstancePre` per agent
-//! component, one Store per call. A call's handlers run under a CPU deadline (epochs: only the guest's own
-//! running time counts, not the time it waits in `tool`), a wall-clock bound, and a linear-memory cap. A
+//! component, one Store per call. A call's handlers run under a CPU deadline (the time its polls take,
+//! checked at every epoch tick: not the time it waits in `tool`), a wall-clock bound, and a linear-memory
+//! cap; the calls' tasks run on a runtime of their own, beside the host's I/O (`cpu.rs`). A
 //! trap poisons the whole Store, so [`Instance`] drops it and builds a fresh one from the same
 //! `InstancePre`; the call's task then calls `on-restart`. Guests may make HTTP requests through
 //! `wasi:http`, only to the origins of [`Limits::http`] (see [`crate::sandbox::outbound`]); by default
@@ -14,7 +15,8 @@
 //! the guest's imports, and the meters behind the limits), `instance.rs` (one call's instance and its
 //! handler calls), `native.rs` (an agent as host code, to measure the sandbox against), `trap.rs` (what
 //! kind of trap ended a handler), `guest_log.rs` (the guest's log, rate
-//! limited), `limits.rs` (the limits' defaults) and `outbound.rs` (its HTTP requests).
+//! limited), `limits.rs` (the limits' defaults), `cpu.rs` (the guests' CPU: the calls' runtime, what a guest used), `egress.rs`
+//! (where a request may connect) and `outbound.rs` (its HTTP requests).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,6 +27,7 @@ use limits::ResolvedLimits;
 
 mod compile_input;
 pub mod compiler;
+mod cpu;
 pub mod egress;
 mod engine;
 mod guest_log;
@@ -37,6 +40,7 @@ mod trap;
 
 pub use compile_input::Wasm;
 pub use compiler::{ChildCompiler, CompileBounds};
+pub use cpu::spawn_call;
 pub use engine::{blocking, AgentCode, LoadError, Sandbox};
 pub use instance::{Event, Instance, Outcome, HANDLERS};
 pub use native::NativeAgent;
@@ -148,13 +152,13 @@ pub mod wit {
 
 use wit::*;
 
-/// How often the engine's epoch advances: the grain of the CPU deadline.
-pub const TICK: Duration = Duration::from_millis(10);
+/// How often the engine's epoch advances while every worker of the calls' runtime is in a guest: a running
+/// guest yields its worker at every tick (see `cpu.rs`), and its CPU deadline is checked.
+pub const TICK: Duration = Duration::from_millis(1);
 
-/// How many ticks of [`TICK`] `duration` is, at least one: a CPU deadline in epochs.
-fn ticks(duration: Duration) -> u64 {
-    (duration.as_millis() / TICK.as_millis()).max(1) as u64
-}
+/// How often it advances otherwise (a worker is free for a call that becomes runnable): the CPU
+/// deadlines' grain then.
+pub const IDLE_TICK: Duration = Duration::from_millis(10);
 
 /// The limits one call's instance runs under.
 #[derive(Debug, Clone)]

@@ -8,6 +8,7 @@ mod compiling;
 mod connection;
 mod containment;
 mod crash;
+mod fairness;
 mod filesystem;
 mod guest_faults;
 mod load;

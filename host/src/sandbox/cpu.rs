@@ -1,0 +1,140 @@
+//! The guests' CPU. The calls' tasks (each runs its call's guest, one handler call at a time) run on a
+//! runtime of their own ([`spawn_call`]), beside the one that carries the host's I/O (connections to
+//! Sent, the admin API): a tokio worker busy with guests looks at its sockets only every so many task
+//! polls, so a connection's reader that shared workers with burning guests heard its socket tens of
+//! milliseconds late (measured: 62 ms at the median beside four guests each burning 150 ms a frame, and
+//! seconds before guests yielded every millisecond). The I/O threads, idle most of the time, are woken by
+//! the kernel as soon as a socket has data. On the calls' runtime a running guest yields its worker at
+//! every epoch tick ([`super::TICK`] while every worker is in a guest, [`super::IDLE_TICK`] otherwise),
+//! so busy calls take turns with light ones a millisecond at a time: a call whose guest burns CPU is
+//! slowed (its own queues fill, then shed, as the limits say), and its neighbours wait at most a few
+//! ticks for a worker.
+//!
+//! What a call's polls take is what its CPU deadline counts ([`Share::used`]): the guest's own code and
+//! the host's work inside its imports (copying a large list out of it), never the time it waits for a
+//! worker, for Sent or for HTTP. (The guests' threads keep the host's priority: a lower one starved every
+//! call's guest, the light ones too, on a machine shared with other processes.)
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+/// Task polls between two looks of a calls' worker at its sockets and timers (tokio's default is 61:
+/// with polls of up to a tick each, a guest's HTTP exchange and its call's timers would wait that long).
+const CALLS_EVENT_INTERVAL: u32 = 8;
+
+/// The calls' runtime's workers: one per core the process may use.
+static WORKERS: LazyLock<usize> =
+    LazyLock::new(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get));
+
+/// The runtime the calls' tasks run on.
+static CALLS: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(*WORKERS)
+        .thread_name("voicehost-calls")
+        .event_interval(CALLS_EVENT_INTERVAL)
+        .enable_all()
+        .build()
+        .expect("the calls' runtime starts")
+});
+
+/// Guest polls in progress, over the process.
+static IN_GUEST: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs a call's task (its guest, and what waits on it) on the calls' runtime.
+pub fn spawn_call<F>(task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    CALLS.spawn(task)
+}
+
+/// Whether every worker of the calls' runtime is in a guest now: then a call that becomes runnable waits
+/// for one of them to yield, and the epoch ticks at its finest.
+pub(super) fn contended() -> bool {
+    IN_GUEST.load(Ordering::Relaxed) >= *WORKERS
+}
+
+/// What one call's handler calls have used of the guest CPU. Shared by the call's successive instances.
+#[derive(Clone, Default)]
+pub(super) struct Share(Arc<AtomicU64>);
+
+impl Share {
+    /// The guest time the running handler call (or instantiation) has used, in nanoseconds.
+    pub(super) fn used(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// A new handler call: nothing used yet.
+    pub(super) fn restart(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    fn charge(&self, spent: Duration) {
+        let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
+        self.0.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+/// Counts a guest poll in progress until dropped (a poll that panics is counted out too).
+struct InGuest;
+
+impl InGuest {
+    fn enter() -> InGuest {
+        IN_GUEST.fetch_add(1, Ordering::Relaxed);
+        InGuest
+    }
+}
+
+impl Drop for InGuest {
+    fn drop(&mut self) {
+        IN_GUEST.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs `guest` (a future that runs guest code), charging the time of each of its polls to `share`.
+pub(super) async fn run<F: Future>(share: &Share, guest: F) -> F::Output {
+    let mut guest = std::pin::pin!(guest);
+    std::future::poll_fn(|cx| {
+        let _in_guest = InGuest::enter();
+        let started = Instant::now();
+        let polled = guest.as_mut().poll(cx);
+        share.charge(started.elapsed());
+        polled
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_guests_polls_are_charged_to_its_call_and_its_waits_are_not() {
+        let share = Share::default();
+        let spin = Duration::from_millis(5);
+        run(&share, async {
+            let started = Instant::now();
+            while started.elapsed() < spin {
+                std::hint::spin_loop();
+            }
+            // A wait (for Sent, for HTTP) costs nothing.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        })
+        .await;
+        let used = Duration::from_nanos(share.used());
+        assert!(used >= spin && used < Duration::from_millis(50), "{used:?}");
+        share.restart();
+        assert_eq!(share.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_calls_task_runs_on_the_calls_runtime() {
+        let name = spawn_call(async { std::thread::current().name().map(str::to_string) })
+            .await
+            .unwrap();
+        assert_eq!(name.as_deref(), Some("voicehost-calls"));
+    }
+}
