@@ -11,16 +11,16 @@
 
 use anyhow::{anyhow, Context as _, Result};
 use sentsim::sim::{CONFORMANCE_AGENT, CONFORMANCE_KEY};
-use sentsim::{Dir, Kind, SessionSpec, Sim, SimConfig, What};
-use std::collections::HashMap;
+use sentsim::{Sim, SimConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::watch;
 use voicehost::agent::Dial;
 use voicehost::agent::{self, AgentConfig, CallRules};
 use voicehost::sandbox::Sandbox;
 use voicehost::stats::Stats;
+use voicehost_testkit::{audio_frame as frame, echo_latencies, prober_call};
 
 /// Paced frames of the neighbour per run (8 s of audio).
 const FRAMES: usize = 400;
@@ -107,13 +107,6 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kib| kib << 10)
 }
 
-/// 20 ms of 16 kHz samples, different for every frame.
-fn frame(number: usize) -> Vec<u8> {
-    (0..320)
-        .flat_map(|i| ((number * 400 + i) as i16).to_le_bytes())
-        .collect()
-}
-
 async fn run(
     code: &voicehost::sandbox::AgentCode,
     attackers: usize,
@@ -136,22 +129,10 @@ async fn run(
     let conn = tokio::time::timeout(Duration::from_secs(15), sim.connection())
         .await
         .map_err(|_| anyhow!("no connection within 15 s"))??;
+    // Their audio is counted, not recorded: the recorder would hold it all.
     let attackers: Vec<_> = (0..attackers)
-        .filter_map(|_| attack.clone())
-        .map(|command| {
-            let mut context = serde_json::Map::new();
-            context.insert("prober".into(), command.into());
-            let call = conn.start(SessionSpec {
-                kind: Kind::Audio {
-                    sample_rate: 16_000,
-                },
-                resumable: true,
-                context: Some(context),
-            });
-            // Its audio is counted, not recorded: the recorder would hold it all.
-            call.count_audio_only();
-            call
-        })
+        .filter_map(|_| attack.as_deref())
+        .map(|command| prober_call(&conn, command))
         .collect();
     let mut neighbour = conn.start_audio(16_000);
     let warm = frame(9999);
@@ -181,27 +162,7 @@ async fn run(
     tokio::time::sleep(Duration::from_secs(2)).await;
     sampler.abort();
 
-    let id = neighbour.id.clone();
-    let records = recorder.since(from, |r| {
-        r.session.as_deref() == Some(id.as_str()) && matches!(r.what, What::Audio { .. })
-    });
-    let mut queued: HashMap<Vec<u8>, Instant> = HashMap::new();
-    let mut latencies = Vec::new();
-    for record in &records {
-        let What::Audio { samples, .. } = &record.what else {
-            continue;
-        };
-        match record.dir {
-            Dir::ToAgent => {
-                queued.insert(samples.clone(), record.at);
-            }
-            Dir::FromAgent => {
-                if let Some(at) = queued.remove(samples) {
-                    latencies.push(record.at.duration_since(at));
-                }
-            }
-        }
-    }
+    let mut latencies = echo_latencies(recorder, from, &neighbour.id);
     latencies.sort();
     let at = |q: f64| {
         latencies

@@ -90,6 +90,22 @@ async fn call_from(
     )
 }
 
+/// Uploads the test program `program` as `token`'s tenant's `agent` (activated when `activate`), checking
+/// it is stored: the answer.
+async fn upload(
+    tenancy: &Arc<Tenancy>,
+    token: &str,
+    agent: &str,
+    program: &str,
+    activate: bool,
+) -> serde_json::Value {
+    let wasm = voicehost_test_programs::read(program);
+    let path = format!("/v1/agents/{agent}/versions?activate={activate}");
+    let (status, answer) = call(tenancy, "POST", &path, Some(token), wasm).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    answer
+}
+
 /// The error body's code, checking the body is the API's error shape.
 fn code(body: &serde_json::Value) -> String {
     let error: ErrorBody = serde_json::from_value(body.clone()).expect("an error body");
@@ -275,16 +291,7 @@ async fn a_core_module_is_refused_as_one() {
 #[tokio::test]
 async fn an_upload_answers_its_version_and_only_its_tenant_sees_the_agent() {
     let (tenancy, _dir) = tenancy("upload");
-    let wasm = voicehost_test_programs::read("conformance");
-    let (status, answer) = call(
-        &tenancy,
-        "POST",
-        "/v1/agents/agent_a/versions",
-        Some(ACME),
-        wasm,
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let answer = upload(&tenancy, ACME, "agent_a", "conformance", false).await;
     let version: VersionView = serde_json::from_value(answer).unwrap();
     assert_eq!((version.version, version.active), (1, false));
     assert!(version.digest.starts_with("sha256:"));
@@ -346,16 +353,7 @@ fn openapi_json_is_the_document_the_routes_make() {
 #[tokio::test]
 async fn a_change_let_in_before_a_reload_removed_its_tenant_is_refused_and_changes_nothing() {
     let (tenancy, dir) = tenancy("removed-tenant");
-    let wasm = voicehost_test_programs::read("conformance");
-    let (status, answer) = call(
-        &tenancy,
-        "POST",
-        "/v1/agents/agent_a/versions",
-        Some(ACME),
-        wasm.clone(),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    upload(&tenancy, ACME, "agent_a", "conformance", false).await;
     // acme's requests below were let in (their token checked) before the reload that removes acme.
     tenancy
         .reload(&config(&dir.0, &[("globex", GLOBEX)]))
@@ -373,6 +371,7 @@ async fn a_change_let_in_before_a_reload_removed_its_tenant_is_refused_and_chang
         matches!(refused, Err(ServeError::NoTenant(_))),
         "{refused:?}"
     );
+    let wasm = voicehost_test_programs::read("conformance");
     let spooled = crate::content::Spooled::from_bytes(&dir.0, &wasm).unwrap();
     let refused = tenancy.upload("acme", "agent_b", spooled, true).await;
     assert!(
@@ -390,16 +389,7 @@ async fn a_change_let_in_before_a_reload_removed_its_tenant_is_refused_and_chang
 async fn what_the_host_keeps_only_its_own_user_may_read() {
     use std::os::unix::fs::PermissionsExt as _;
     let (tenancy, dir) = tenancy("private");
-    let wasm = voicehost_test_programs::read("conformance");
-    let (status, answer) = call(
-        &tenancy,
-        "POST",
-        "/v1/agents/agent_a/versions?activate=true",
-        Some(ACME),
-        wasm,
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    upload(&tenancy, ACME, "agent_a", "conformance", true).await;
     let mut open = Vec::new();
     let mut files = 0;
     let mut todo = vec![dir.0.join("data")];
@@ -483,15 +473,8 @@ async fn status_of(tenancy: &Arc<Tenancy>, token: &str, agent: &str) -> String {
 async fn after_an_upgrade_emptied_the_cache_the_host_is_ready_and_one_tenants_compile_holds_back_no_other(
 ) {
     let (tenancy, dir) = tenancy("upgrade");
-    for (token, agent, program) in [
-        (ACME, "agent_a", "conformance"),
-        (GLOBEX, "agent_b", "panicker"),
-    ] {
-        let wasm = voicehost_test_programs::read(program);
-        let path = format!("/v1/agents/{agent}/versions?activate=true");
-        let (status, answer) = call(&tenancy, "POST", &path, Some(token), wasm).await;
-        assert_eq!(status, StatusCode::CREATED, "{answer}");
-    }
+    upload(&tenancy, ACME, "agent_a", "conformance", true).await;
+    upload(&tenancy, GLOBEX, "agent_b", "panicker", true).await;
     tenancy.shutdown().await;
     drop(tenancy);
     let compiled = dir.0.join("data/compiled");

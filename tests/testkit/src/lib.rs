@@ -4,11 +4,13 @@
 //! they are, a call that does nothing ([`Quiet`]) for driving an instance directly, and the conformance agent as host code ([`NativeConformance`]). Never a dependency of the shipped crate.
 
 pub mod admin;
+mod echo;
 mod host;
 mod hosting;
 mod native;
 mod quiet;
 
+pub use echo::{audio_frame, echo_latencies, prober_call};
 pub use host::{guest, init_tracing, sandbox, Host};
 pub use hosting::{metric, request, Hosting, ACME_KEY, ACME_TOKEN, GLOBEX_KEY, GLOBEX_TOKEN};
 pub use native::NativeConformance;
