@@ -81,14 +81,16 @@ pub fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
 
 /// Makes `dir` (and its missing parents) only its owner may enter (0700), and narrows it to that if it
 /// was there already, open to others: the host's own directories hold its tenants' code. A directory of
-/// another user's keeps the mode its owner gave it.
+/// another user's, or a sticky one (`/tmp`), keeps the mode it has.
 pub fn private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)?;
-    if std::fs::metadata(dir)?.permissions().mode() & 0o077 == 0 {
+    // A directory others share on purpose (sticky, as `/tmp` is) keeps its mode.
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o077 == 0 || mode & 0o1000 != 0 {
         return Ok(());
     }
     match std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {

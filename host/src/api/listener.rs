@@ -46,7 +46,8 @@ pub fn per_client_handshakes(handshakes_per_second: u32) -> u32 {
 }
 
 /// Client addresses the per-client handshake budget remembers at most; past it, stale ones are forgotten,
-/// and while it is still full a new address's TLS connection is closed at once.
+/// and while it is still full every TLS connection is closed at once (the limiter cannot say whether an
+/// address is one it knows).
 const MAX_HANDSHAKE_CLIENTS: usize = 10_000;
 
 /// The config's `[admin]` settings (defaults: 256 connections, a quarter of a usual 1,024-descriptor limit,

@@ -449,12 +449,13 @@ async fn healthz(State(tenancy): State<Arc<Tenancy>>) -> (StatusCode, Json<Healt
 async fn metrics(State(tenancy): State<Arc<Tenancy>>, request: axum::extract::Request) -> Response {
     let (parts, _) = request.into_parts();
     let what = "send the operator's metrics token as `Authorization: Bearer <token>`";
-    if tenancy.metrics_need_token() {
+    // Read once: a reload between two reads must not leave the request with neither check.
+    if let Some(operators) = tenancy.metrics_token() {
         let presented = match presented_token(&tenancy, &parts, what) {
             Ok(presented) => presented,
             Err(refused) => return refused.into_response(),
         };
-        if !tenancy.may_read_metrics(presented.as_ref()) {
+        if !presented.is_some_and(|presented| operators.matches(&presented)) {
             return failed_login(&tenancy, &parts, what).into_response();
         }
     } else if listener::client_of(&parts)

@@ -523,3 +523,31 @@ async fn after_an_upgrade_emptied_the_cache_the_host_is_ready_and_one_tenants_co
     assert_eq!(status_of(&tenancy, ACME, "agent_a").await, "connecting");
     tenancy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_change_whose_request_is_dropped_midway_still_goes_to_its_end() {
+    let (tenancy, _dir) = tenancy("dropped-change");
+    upload(&tenancy, ACME, "agent_a", "conformance", true).await;
+    assert_eq!(status_of(&tenancy, ACME, "agent_a").await, "connecting");
+    // The client goes away as soon as the delete has begun (its handler is dropped at its first wait).
+    let _ = tokio::time::timeout(
+        std::time::Duration::ZERO,
+        tenancy.delete_agent("acme", "agent_a"),
+    )
+    .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, _) = tenancy.status("acme", "agent_a");
+        if tenancy.agents("acme").await.is_empty()
+            && status == crate::tenancy::AgentStatus::Inactive
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the delete was left half done: {status:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tenancy.shutdown().await;
+}

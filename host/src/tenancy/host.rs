@@ -10,7 +10,9 @@ use super::rates::Rates;
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, StoreError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
 use crate::content::{ensure_writable, remove_partials, Digest, Spool, Spooled};
-use crate::sandbox::{blocking, AgentCode, ChildCompiler, Limits, LoadError, Sandbox, Wasm};
+use crate::sandbox::{
+    blocking, AgentCode, ChildCompiler, HttpPolicy, Limits, LoadError, Sandbox, Wasm,
+};
 use std::path::PathBuf;
 
 use crate::stats::{Counter, LiveSession, Stats};
@@ -275,7 +277,10 @@ impl Tenancy {
                 );
                 continue;
             }
-            if self.running().contains_key(&key(&tenant, &agent)) {
+            // Served, or being compiled to be (a reload during the compiles after an upgrade).
+            if self.running().contains_key(&key(&tenant, &agent))
+                || self.loading().contains(&key(&tenant, &agent))
+            {
                 continue;
             }
             match self.cached(&version.digest).await {
@@ -392,9 +397,14 @@ impl Tenancy {
             let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
             let mut next = BTreeMap::new();
             let mut rekeyed = Vec::new();
-            for tenant in fresh {
+            for mut tenant in fresh {
                 let gate = match tenants.get(&tenant.id) {
                     Some((old, gate)) => {
+                        // Lookups in flight hold the old places: the tenant keeps them, not 8 more.
+                        tenant.http = Arc::new(HttpPolicy {
+                            lookups: old.http.lookups.clone(),
+                            ..(*tenant.http).clone()
+                        });
                         if old.api_key.expose() != tenant.api_key.expose() {
                             rekeyed.push(tenant.id.clone());
                         }
@@ -483,20 +493,12 @@ impl Tenancy {
         found
     }
 
-    /// Whether `/metrics` needs the operator's token (the config sets one).
-    pub fn metrics_need_token(&self) -> bool {
+    /// The operator's metrics token (by its hash), when the config sets one: then `/metrics` needs it.
+    pub fn metrics_token(&self) -> Option<TokenHash> {
         self.metrics_token
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .is_some()
-    }
-
-    /// Whether a request for `/metrics` that presented this token (by its hash, if any) may read it.
-    pub fn may_read_metrics(&self, presented: Option<&TokenHash>) -> bool {
-        match &*self.metrics_token.read().unwrap_or_else(|p| p.into_inner()) {
-            None => true,
-            Some(hash) => presented.is_some_and(|presented| hash.matches(presented)),
-        }
+            .clone()
     }
 
     /// The tenant of this id, as the config says now.
@@ -569,6 +571,17 @@ impl Tenancy {
     /// Validates and compiles the component received into `wasm` on this host, then keeps it as the
     /// agent's next version; nothing is stored when it cannot serve as an agent.
     pub async fn upload(
+        self: &Arc<Tenancy>,
+        tenant: &str,
+        agent: &str,
+        wasm: Spooled,
+        activate: bool,
+    ) -> Result<VersionRecord, ServeError> {
+        let (me, (t, a)) = (self.clone(), key(tenant, agent));
+        to_the_end(async move { me.upload_now(&t, &a, wasm, activate).await }).await
+    }
+
+    async fn upload_now(
         self: &Arc<Tenancy>,
         tenant: &str,
         agent: &str,
@@ -674,6 +687,16 @@ impl Tenancy {
         agent: &str,
         version: u32,
     ) -> Result<AgentRecord, ServeError> {
+        let (me, (t, a)) = (self.clone(), key(tenant, agent));
+        to_the_end(async move { me.activate_now(&t, &a, version).await }).await
+    }
+
+    async fn activate_now(
+        self: &Arc<Tenancy>,
+        tenant: &str,
+        agent: &str,
+        version: u32,
+    ) -> Result<AgentRecord, ServeError> {
         // Compiled (or read from the cache) before anything changes, without the lock: a version that
         // cannot load is never made active, and no other change waits for a compile.
         let (code, digest) = self.code(tenant, agent, version).await?;
@@ -695,6 +718,15 @@ impl Tenancy {
 
     /// Goes back to the version active before the current one.
     pub async fn rollback(
+        self: &Arc<Tenancy>,
+        tenant: &str,
+        agent: &str,
+    ) -> Result<AgentRecord, ServeError> {
+        let (me, (t, a)) = (self.clone(), key(tenant, agent));
+        to_the_end(async move { me.rollback_now(&t, &a).await }).await
+    }
+
+    async fn rollback_now(
         self: &Arc<Tenancy>,
         tenant: &str,
         agent: &str,
@@ -734,6 +766,16 @@ impl Tenancy {
         agent: &str,
         policy: FailurePolicy,
     ) -> Result<AgentRecord, ServeError> {
+        let (me, (t, a)) = (self.clone(), key(tenant, agent));
+        to_the_end(async move { me.set_policy_now(&t, &a, policy).await }).await
+    }
+
+    async fn set_policy_now(
+        self: &Arc<Tenancy>,
+        tenant: &str,
+        agent: &str,
+        policy: FailurePolicy,
+    ) -> Result<AgentRecord, ServeError> {
         let registry = self.registry_for(tenant).await?;
         let (t, a) = key(tenant, agent);
         let (registry, done) = written(registry, move |r| r.set_policy(&t, &a, policy)).await?;
@@ -756,6 +798,16 @@ impl Tenancy {
 
     /// Forgets a version that is not active; its component goes once no version refers to it.
     pub async fn delete_version(
+        self: &Arc<Tenancy>,
+        tenant: &str,
+        agent: &str,
+        version: u32,
+    ) -> Result<(), ServeError> {
+        let (me, (t, a)) = (self.clone(), key(tenant, agent));
+        to_the_end(async move { me.delete_version_now(&t, &a, version).await }).await
+    }
+
+    async fn delete_version_now(
         &self,
         tenant: &str,
         agent: &str,
@@ -773,7 +825,16 @@ impl Tenancy {
     }
 
     /// Forgets the agent: its connections close, and Sent sends its live calls to their fallback.
-    pub async fn delete_agent(&self, tenant: &str, agent: &str) -> Result<(), ServeError> {
+    pub async fn delete_agent(
+        self: &Arc<Tenancy>,
+        tenant: &str,
+        agent: &str,
+    ) -> Result<(), ServeError> {
+        let (me, (t, a)) = (self.clone(), key(tenant, agent));
+        to_the_end(async move { me.delete_agent_now(&t, &a).await }).await
+    }
+
+    async fn delete_agent_now(&self, tenant: &str, agent: &str) -> Result<(), ServeError> {
         let running = {
             let registry = self.registry_for(tenant).await?;
             let (t, a) = key(tenant, agent);
@@ -850,6 +911,8 @@ impl Tenancy {
         let background =
             std::mem::take(&mut *self.background.lock().unwrap_or_else(|p| p.into_inner()));
         background.iter().for_each(JoinHandle::abort);
+        // Waited for: one past its last await (serving what it compiled) ends before `running` is taken.
+        futures_util::future::join_all(background).await;
         self.loading().clear();
         let running: Vec<Running> = std::mem::take(&mut *self.running()).into_values().collect();
         stop_all(running).await;
@@ -899,6 +962,12 @@ impl Tenancy {
         if let Some(code) = self.cached(&digest).await? {
             return Ok((code, digest));
         }
+        // The tenant's turn first: versions waiting to compile (all of them, after an upgrade) hold no
+        // component in memory meanwhile.
+        let _turn = self.compiling.turn(tenant).await;
+        if let Some(code) = self.cached(&digest).await? {
+            return Ok((code, digest));
+        }
         let wasm = {
             let digest = digest.clone();
             match blocking(move || store.get(&digest)).await? {
@@ -909,8 +978,10 @@ impl Tenancy {
             }
         };
         let code = self
-            .load(tenant, Wasm::Bytes(wasm.into()), &digest, false)
+            .sandbox
+            .compile(Wasm::Bytes(wasm.into()), &digest)
             .await?;
+        self.compilations.inc();
         Ok((code, digest))
     }
 
@@ -1066,6 +1137,21 @@ impl Tenancy {
             },
         );
     }
+}
+
+/// Runs `change` in a task of its own and waits for it: a change goes to its end even if the request that
+/// asked for it is dropped meanwhile (its client went away, its connection's age ran out), so a commit is
+/// always followed by what it means for the agents served.
+async fn to_the_end<T, F>(change: F) -> Result<T, ServeError>
+where
+    F: std::future::Future<Output = Result<T, ServeError>> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::spawn(change).await.unwrap_or_else(|e| {
+        Err(ServeError::Internal(format!(
+            "a registry change stopped: {e}"
+        )))
+    })
 }
 
 /// The registry, locked, as a change holds it.
