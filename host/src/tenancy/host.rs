@@ -577,17 +577,6 @@ impl Tenancy {
         wasm: Spooled,
         activate: bool,
     ) -> Result<VersionRecord, ServeError> {
-        let (me, (t, a)) = (self.clone(), key(tenant, agent));
-        to_the_end(async move { me.upload_now(&t, &a, wasm, activate).await }).await
-    }
-
-    async fn upload_now(
-        self: &Arc<Tenancy>,
-        tenant: &str,
-        agent: &str,
-        wasm: Spooled,
-        activate: bool,
-    ) -> Result<VersionRecord, ServeError> {
         check_agent_id(agent)?;
         let digest = wasm.digest().clone();
         let size = wasm.size();
@@ -613,6 +602,22 @@ impl Tenancy {
         let wasm = blocking(move || wasm.sync().map(|()| wasm))
             .await?
             .map_err(|e| ServeError::Internal(format!("cannot write the upload down: {e}")))?;
+        // Compiled (an uploader who goes away stops its compile); from here on, to the end.
+        let (me, (t, a)) = (self.clone(), key(tenant, agent));
+        to_the_end(async move { me.store(&t, &a, wasm, code, activate).await }).await
+    }
+
+    /// Keeps a compiled upload as the agent's next version (active if `activate`), if its tenant's quota
+    /// and the agent's limits still allow it.
+    async fn store(
+        self: &Arc<Tenancy>,
+        tenant: &str,
+        agent: &str,
+        wasm: Spooled,
+        code: AgentCode,
+        activate: bool,
+    ) -> Result<VersionRecord, ServeError> {
+        let (digest, size) = (wasm.digest().clone(), wasm.size());
         let registry = self.registry_for(tenant).await?;
         // Under the lock, with the limits and the tenant's other uploads as they are now (a reload may
         // have lowered them, another upload may have been stored meanwhile); its compiled size counted.
@@ -687,8 +692,11 @@ impl Tenancy {
         agent: &str,
         version: u32,
     ) -> Result<AgentRecord, ServeError> {
+        // Compiled (or read from the cache) before anything changes, without the lock: a version that
+        // cannot load is never made active, and no other change waits for a compile.
+        let (code, digest) = self.code(tenant, agent, version).await?;
         let (me, (t, a)) = (self.clone(), key(tenant, agent));
-        to_the_end(async move { me.activate_now(&t, &a, version).await }).await
+        to_the_end(async move { me.activate_now(&t, &a, version, code, digest).await }).await
     }
 
     async fn activate_now(
@@ -696,10 +704,9 @@ impl Tenancy {
         tenant: &str,
         agent: &str,
         version: u32,
+        code: AgentCode,
+        digest: Digest,
     ) -> Result<AgentRecord, ServeError> {
-        // Compiled (or read from the cache) before anything changes, without the lock: a version that
-        // cannot load is never made active, and no other change waits for a compile.
-        let (code, digest) = self.code(tenant, agent, version).await?;
         let registry = self.registry_for(tenant).await?;
         self.still_fits(&registry, tenant, agent, version, &digest, &code)?;
         let (t, a) = key(tenant, agent);
@@ -722,15 +729,6 @@ impl Tenancy {
         tenant: &str,
         agent: &str,
     ) -> Result<AgentRecord, ServeError> {
-        let (me, (t, a)) = (self.clone(), key(tenant, agent));
-        to_the_end(async move { me.rollback_now(&t, &a).await }).await
-    }
-
-    async fn rollback_now(
-        self: &Arc<Tenancy>,
-        tenant: &str,
-        agent: &str,
-    ) -> Result<AgentRecord, ServeError> {
         let back = {
             let registry = self.registry.lock().await;
             let record = registry.agent(tenant, agent)?;
@@ -740,6 +738,18 @@ impl Tenancy {
             }
         };
         let (code, digest) = self.code(tenant, agent, back).await?;
+        let (me, (t, a)) = (self.clone(), key(tenant, agent));
+        to_the_end(async move { me.rollback_now(&t, &a, back, code, digest).await }).await
+    }
+
+    async fn rollback_now(
+        self: &Arc<Tenancy>,
+        tenant: &str,
+        agent: &str,
+        back: u32,
+        code: AgentCode,
+        digest: Digest,
+    ) -> Result<AgentRecord, ServeError> {
         let registry = self.registry_for(tenant).await?;
         if registry.agent(tenant, agent)?.previous.last() != Some(&back) {
             return Err(changed_meanwhile(agent, back));
@@ -1141,7 +1151,8 @@ impl Tenancy {
 
 /// Runs `change` in a task of its own and waits for it: a change goes to its end even if the request that
 /// asked for it is dropped meanwhile (its client went away, its connection's age ran out), so a commit is
-/// always followed by what it means for the agents served.
+/// always followed by what it means for the agents served. (A compile comes before, in the request: an
+/// uploader who goes away stops it.)
 async fn to_the_end<T, F>(change: F) -> Result<T, ServeError>
 where
     F: std::future::Future<Output = Result<T, ServeError>> + Send + 'static,
