@@ -696,21 +696,37 @@ impl Tenancy {
         // cannot load is never made active, and no other change waits for a compile.
         let (code, digest) = self.code(tenant, agent, version).await?;
         let (me, (t, a)) = (self.clone(), key(tenant, agent));
-        to_the_end(async move { me.activate_now(&t, &a, version, code, digest).await }).await
+        let compiled = (code, digest);
+        to_the_end(async move {
+            me.make_active(&t, &a, Switch::Activate, version, compiled)
+                .await
+        })
+        .await
     }
 
-    async fn activate_now(
+    /// Makes the compiled `version` the agent's active one, as `switch` says, and serves it; refused if
+    /// the registry changed meanwhile so that it no longer applies.
+    async fn make_active(
         self: &Arc<Tenancy>,
         tenant: &str,
         agent: &str,
+        switch: Switch,
         version: u32,
-        code: AgentCode,
-        digest: Digest,
+        (code, digest): (AgentCode, Digest),
     ) -> Result<AgentRecord, ServeError> {
         let registry = self.registry_for(tenant).await?;
+        if switch == Switch::Rollback
+            && registry.agent(tenant, agent)?.previous.last() != Some(&version)
+        {
+            return Err(changed_meanwhile(agent, version));
+        }
         self.still_fits(&registry, tenant, agent, version, &digest, &code)?;
         let (t, a) = key(tenant, agent);
-        let (registry, done) = written(registry, move |r| r.activate(&t, &a, version)).await?;
+        let (registry, done) = written(registry, move |r| match switch {
+            Switch::Activate => r.activate(&t, &a, version),
+            Switch::Rollback => r.rollback(&t, &a).map(drop),
+        })
+        .await?;
         done?;
         let record = registry.agent(tenant, agent)?.clone();
         let deployment = Deployment {
@@ -719,7 +735,7 @@ impl Tenancy {
             rules: self.rules(tenant, agent, &record),
         };
         self.serve(tenant, agent, deployment);
-        tracing::info!(tenant, agent, version, "activated");
+        tracing::info!(tenant, agent, version, change = ?switch, "made active");
         Ok(record)
     }
 
@@ -739,34 +755,12 @@ impl Tenancy {
         };
         let (code, digest) = self.code(tenant, agent, back).await?;
         let (me, (t, a)) = (self.clone(), key(tenant, agent));
-        to_the_end(async move { me.rollback_now(&t, &a, back, code, digest).await }).await
-    }
-
-    async fn rollback_now(
-        self: &Arc<Tenancy>,
-        tenant: &str,
-        agent: &str,
-        back: u32,
-        code: AgentCode,
-        digest: Digest,
-    ) -> Result<AgentRecord, ServeError> {
-        let registry = self.registry_for(tenant).await?;
-        if registry.agent(tenant, agent)?.previous.last() != Some(&back) {
-            return Err(changed_meanwhile(agent, back));
-        }
-        self.still_fits(&registry, tenant, agent, back, &digest, &code)?;
-        let (t, a) = key(tenant, agent);
-        let (registry, done) = written(registry, move |r| r.rollback(&t, &a)).await?;
-        done?;
-        let record = registry.agent(tenant, agent)?.clone();
-        let deployment = Deployment {
-            version: back,
-            code,
-            rules: self.rules(tenant, agent, &record),
-        };
-        self.serve(tenant, agent, deployment);
-        tracing::info!(tenant, agent, version = back, "rolled back");
-        Ok(record)
+        let compiled = (code, digest);
+        to_the_end(async move {
+            me.make_active(&t, &a, Switch::Rollback, back, compiled)
+                .await
+        })
+        .await
     }
 
     /// The agent's failure policy, for its calls from now on.
@@ -1163,6 +1157,15 @@ where
             "a registry change stopped: {e}"
         )))
     })
+}
+
+/// How a version becomes the active one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Switch {
+    /// The tenant named it.
+    Activate,
+    /// It was the one active before the current one.
+    Rollback,
 }
 
 /// The registry, locked, as a change holds it.
