@@ -280,10 +280,12 @@ impl Agent {
     fn with<R>(self: &Arc<Agent>, f: impl FnOnce(&mut Shared) -> R) -> R {
         let mut shared = self.lock();
         let result = f(&mut shared);
-        self.dispatch(&mut shared);
+        // Counted before it is carried out: once a frame reaches Sent, what it counts is already in the
+        // agent's stats (a writer on another thread may write it before this returns).
         let counted = shared.router.stats();
         self.stats.add_core(&shared.exported, &counted);
         shared.exported = counted;
+        self.dispatch(&mut shared);
         result
     }
 
