@@ -89,6 +89,9 @@ pub struct Stats {
     pub policies_applied: Counter,
     /// Calls over a session cap: given the failure policy at once, never a guest.
     pub sessions_refused: Counter,
+    /// Calls that found no slot in the host's pool their tenant may take (the rest is other tenants'
+    /// reservations, or in use): given the failure policy at once, never a guest.
+    pub sessions_host_full: Counter,
     /// Handler latency by handler, in the order of [`HANDLERS`].
     pub handlers: HandlerLatency,
     live: Mutex<BTreeMap<String, LiveSession>>,
@@ -234,6 +237,7 @@ impl fmt::Display for Stats {
         )?;
         writeln!(f, "restarts            {}", self.restarts.get())?;
         writeln!(f, "over a session cap  {}", self.sessions_refused.get())?;
+        writeln!(f, "host full           {}", self.sessions_host_full.get())?;
         write!(f, "failure policies    {}", self.policies_applied.get())
     }
 }

@@ -1,6 +1,9 @@
-//! Caps on concurrent calls: a tenant's across all its agents, and an agent's own. A call is admitted only
-//! when every cap it falls under has room; the [`Permit`] it gets gives the room back when the call is done.
+//! Caps on concurrent calls: a tenant's across all its agents, and an agent's own; and the call's slot in
+//! the host's instance pool, taken from its tenant's [`Share`] of it. A call is admitted only when every
+//! cap it falls under has room and the pool has a slot for it; the [`Permit`] it gets gives both back
+//! when the call is done.
 
+use crate::sandbox::budget::Share;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -44,44 +47,75 @@ impl Gate {
     }
 }
 
-/// The caps a new call of one agent falls under (none: every call is admitted).
+/// The caps a new call of one agent falls under, and where its pool slot comes from (none of either:
+/// every call is admitted).
 #[derive(Debug, Clone, Default)]
 pub struct Admission {
     gates: Vec<Arc<Gate>>,
+    slots: Option<Share>,
+}
+
+/// Why a call was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A session cap (the agent's, or its tenant's) is full.
+    OverCap,
+    /// The pool has no slot the call's tenant may take: what other tenants reserved is held back for
+    /// them, and the rest is in use.
+    HostFull,
 }
 
 impl Admission {
     /// The caps in `gates`: a call is admitted only with room under each (with none, every call is).
     pub fn new(gates: Vec<Arc<Gate>>) -> Admission {
-        Admission { gates }
+        Admission { gates, slots: None }
     }
 
-    /// Room for one more call under every cap, or `None` (and nothing taken) when a cap is full.
-    pub fn admit(&self) -> Option<Permit> {
+    /// Each call also takes one slot from `slots` (its tenant's share of the host's pool).
+    pub fn with_slots(mut self, slots: Share) -> Admission {
+        self.slots = Some(slots);
+        self
+    }
+
+    /// Room for one more call under every cap and a pool slot, or why not (and nothing taken).
+    pub fn admit(&self) -> Result<Permit, Refusal> {
         for (at, gate) in self.gates.iter().enumerate() {
             if !gate.enter() {
                 for entered in &self.gates[..at] {
                     entered.leave();
                 }
-                return None;
+                return Err(Refusal::OverCap);
             }
         }
-        Some(Permit {
+        // Built now, so that a refused slot gives the caps back as the permit's drop does.
+        let mut permit = Permit {
             gates: self.gates.clone(),
-        })
+            slot: None,
+        };
+        if let Some(slots) = &self.slots {
+            if !slots.take(1) {
+                return Err(Refusal::HostFull);
+            }
+            permit.slot = Some(slots.clone());
+        }
+        Ok(permit)
     }
 }
 
-/// One admitted call's room under its caps, given back on drop.
+/// One admitted call's room under its caps and its pool slot, given back on drop.
 #[derive(Debug)]
 pub struct Permit {
     gates: Vec<Arc<Gate>>,
+    slot: Option<Share>,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         for gate in &self.gates {
             gate.leave();
+        }
+        if let Some(slot) = &self.slot {
+            slot.give(1);
         }
     }
 }
@@ -97,23 +131,46 @@ mod tests {
         let other_agent = Admission::new(vec![tenant.clone()]);
         let admission = Admission::new(vec![tenant.clone(), agent.clone()]);
         let first = admission.admit().expect("room for one");
-        assert!(admission.admit().is_none(), "the agent's cap is 1");
+        assert_eq!(
+            admission.admit().unwrap_err(),
+            Refusal::OverCap,
+            "the agent's cap is 1"
+        );
         assert_eq!(tenant.live(), 1, "a refused call takes no room");
         let second = other_agent.admit().expect("the tenant has room for two");
-        assert!(other_agent.admit().is_none(), "the tenant's cap is 2");
+        assert!(other_agent.admit().is_err(), "the tenant's cap is 2");
         drop(second);
         agent.set_cap(2);
         let third = admission.admit().expect("the agent's cap is 2 now");
         drop(third);
         drop(first);
         assert_eq!((tenant.live(), agent.live()), (0, 0));
-        assert!(admission.admit().is_some());
+        assert!(admission.admit().is_ok());
+    }
+
+    #[test]
+    fn a_call_refused_a_pool_slot_gives_back_its_room_under_the_caps() {
+        let pool = crate::sandbox::budget::Budget::new(2);
+        pool.reserve([("acme", 1)]);
+        let tenant = Gate::new(10);
+        let globex = Admission::new(vec![tenant.clone()]).with_slots(pool.share("globex"));
+        let acme = Admission::new(vec![]).with_slots(pool.share("acme"));
+        let first = globex.admit().expect("the slot nobody reserved");
+        assert_eq!(globex.admit().unwrap_err(), Refusal::HostFull);
+        assert_eq!(
+            tenant.live(),
+            1,
+            "the refused call holds no room under its tenant's cap"
+        );
+        let reserved = acme.admit().expect("acme's reserved slot");
+        drop((first, reserved));
+        assert_eq!((pool.used(), tenant.live()), (0, 0));
     }
 
     #[test]
     fn no_caps_admit_every_call() {
         let admission = Admission::default();
         let permits: Vec<_> = (0..1000).map(|_| admission.admit()).collect();
-        assert!(permits.iter().all(Option::is_some));
+        assert!(permits.iter().all(Result::is_ok));
     }
 }

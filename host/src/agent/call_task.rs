@@ -3,7 +3,7 @@
 //! cannot serve the call. The guest's imports ([`CallImports`]) reach the call's state machine through the
 //! agent's lock; what the protocol allows is decided there, not here.
 
-use super::admission::Permit;
+use super::admission::{Permit, Refusal};
 use super::{Agent, Deployment, FailurePolicy};
 use crate::sandbox::limits;
 use crate::sandbox::wit::{self, CallInfo, Direction, Level, Party};
@@ -284,15 +284,33 @@ impl Drop for Serving {
     }
 }
 
-/// Serves one call until it ends or is lost. Without a `permit` the call is over a session cap: it gets
-/// the failure policy at once, without a guest.
+/// Says and counts why a call was not admitted.
+fn refused(stats: &Stats, session: &str, refusal: Refusal) {
+    match refusal {
+        Refusal::OverCap => {
+            tracing::warn!(session, "over the session cap: applying the failure policy");
+            stats.sessions_refused.inc();
+        }
+        Refusal::HostFull => {
+            tracing::warn!(
+                session,
+                "no pool slot for the tenant (max_calls, less other tenants' reserved_calls, is in use): \
+                 applying the failure policy"
+            );
+            stats.sessions_host_full.inc();
+        }
+    }
+}
+
+/// Serves one call until it ends or is lost. A call refused admission (over a session cap, or no pool
+/// slot for its tenant) gets the failure policy at once, without a guest.
 pub(super) async fn run(
     agent: Arc<Agent>,
     key: CallKey,
     start: Box<SessionStart>,
     waker: Arc<Notify>,
     deployment: Arc<Deployment>,
-    permit: Option<Permit>,
+    permit: Result<Permit, Refusal>,
 ) {
     let info = info_of(&start, Media::of(&start));
     let session_id = start.session_id.clone();
@@ -304,19 +322,18 @@ pub(super) async fn run(
         session_id: session_id.clone(),
         rules: deployment.rules.clone(),
     };
-    let Some(permit) = permit else {
-        // Never listed live: it holds no room under the caps, and no instance.
-        tracing::warn!(
-            session = session_id,
-            "over the session cap: applying the failure policy"
-        );
-        stats.sessions_refused.inc();
-        let _gone = GoneOnDrop {
-            agent: agent.clone(),
-            key,
-        };
-        task.give_up().await;
-        return;
+    let permit = match permit {
+        Ok(permit) => permit,
+        Err(refusal) => {
+            refused(&stats, &session_id, refusal);
+            // Never listed live: it holds no room under the caps, and no instance.
+            let _gone = GoneOnDrop {
+                agent: agent.clone(),
+                key,
+            };
+            task.give_up().await;
+            return;
+        }
     };
     stats.live_start(
         &session_id,
@@ -346,8 +363,9 @@ pub(super) async fn run(
     });
     match Instance::new(&deployment.code, imports, deployment.rules.limits.clone()).await {
         Ok(instance) => task.serve(instance).await,
-        Err(error) => {
-            tracing::error!(session = session_id, error = %format!("{error:#}"), "the agent could not be instantiated");
+        Err(unmade) => {
+            tracing::error!(session = session_id, kind = unmade.kind.as_str(), error = %unmade, "the agent could not be instantiated");
+            task.agent.stats.trap(unmade.kind);
             task.give_up().await;
         }
     }

@@ -12,7 +12,7 @@ mod admission;
 mod call_task;
 pub mod connection;
 
-pub use admission::{Admission, Gate};
+pub use admission::{Admission, Gate, Refusal};
 pub use call_task::CallRules;
 pub use connection::{ApiKey, ConnectError, Dial, SENT_URL};
 pub use voicehost_proto::call::FailurePolicy;
@@ -405,7 +405,7 @@ impl Agent {
                     tracing::info!(
                         session = start.session_id,
                         version = deployment.version,
-                        admitted = permit.is_some(),
+                        admitted = permit.is_ok(),
                         "serving a call"
                     );
                     crate::sandbox::spawn_call(call_task::run(

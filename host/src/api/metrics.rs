@@ -39,7 +39,7 @@ enum Read {
 
 use Read::{Counter as C, Gauge as G};
 
-const SERIES: [AgentSeries; 20] = [
+const SERIES: [AgentSeries; 21] = [
     (
         "sessions_started",
         "Calls Sent started with the agent.",
@@ -59,6 +59,11 @@ const SERIES: [AgentSeries; 20] = [
         "sessions_refused",
         "Calls over a session cap, given the failure policy at once.",
         C(|s| &s.sessions_refused),
+    ),
+    (
+        "sessions_host_full",
+        "Calls that found no pool slot their tenant may take (the rest reserved or in use), given the failure policy at once.",
+        C(|s| &s.sessions_host_full),
     ),
     (
         "restarts",

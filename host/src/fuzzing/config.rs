@@ -102,7 +102,20 @@ pub fn run(data: &[u8]) {
             assert_eq!(tenant.http.max_response_bytes, kib * 1024);
         }
         assert_eq!(tenant.http.allow.len(), written.http.allow.len());
+        assert!(tenant.reserved_calls <= tenant.limits.max_sessions);
     }
+    // The reservations fit the pool and the guests' memory, however the tenants add up.
+    let guest_memory = config.guest_memory_bytes();
+    assert!(
+        (16 << 20..=1 << 44).contains(&guest_memory),
+        "{guest_memory}"
+    );
+    assert!(tenants.iter().map(|t| t.reserved_calls).sum::<usize>() <= config.max_calls);
+    let reserved = tenants
+        .iter()
+        .map(|t| u128::from(t.reserved_memory))
+        .sum::<u128>();
+    assert!(reserved <= u128::from(guest_memory));
 }
 
 /// Every limit from 1 to its maximum, and what the host derives from it without overflow.
@@ -132,6 +145,10 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         (
             "seed-tenants",
             "data_dir = \"d\"\n[[tenants]]\nid = \"acme\"\ntoken_sha256 = \"TOKEN\"\napi_key_env = \"ACME_SENT_KEY\"\n[tenants.limits]\nmax_sessions = 50\nmemory_mib = 128\n[tenants.http]\nallow = [\"https://api.example.com\", \"http://127.0.0.1:8089\"]\ntimeout_ms = 5000\nmax_response_kib = 512\n[tenants.agents.agent_big.limits]\nmax_sessions = 10\ncpu_ms = 500\n[[tenants]]\nid = \"globex\"\ntoken_sha256 = \"OTHER\"\napi_key_file = \"/run/secrets/globex\"\n".replace("TOKEN", token).replace("OTHER", other),
+        ),
+        (
+            "seed-reserved",
+            "data_dir = \"d\"\nmax_calls = 200\nguest_memory_mib = 8192\n[[tenants]]\nid = \"acme\"\ntoken_sha256 = \"TOKEN\"\napi_key_env = \"ACME_SENT_KEY\"\nreserved_calls = 50\n[tenants.limits]\nmemory_mib = 32\n[[tenants]]\nid = \"globex\"\ntoken_sha256 = \"OTHER\"\napi_key_env = \"GLOBEX_SENT_KEY\"\nreserved_calls = 10\n".replace("TOKEN", token).replace("OTHER", other),
         ),
     ];
     seeds

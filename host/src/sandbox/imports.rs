@@ -1,12 +1,13 @@
 //! The host's side of the guest's imports: the state of one Store, whose WASI, `wasi:http` and `voicehost`
 //! imports reach the call through [`GuestImports`], and the meters behind the limits.
 
-use super::cpu::Share;
+use super::budget::Share;
+use super::cpu::Share as CpuShare;
 use super::guest_log::GuestOutput;
 use super::limits::{MAX_FIELDS_BYTES, MAX_HANDLES, MAX_RANDOM_BYTES, MAX_TABLE_ELEMENTS};
 use super::outbound::PolicyHooks;
 use super::wit::{CallInfo, Level, Refused, ToolResult};
-use super::{bindings, GuestImports, Limits};
+use super::{bindings, GuestImports, Limits, TrapKind};
 use bindings::voicehost::agent::{log, session, types};
 use std::sync::Arc;
 use wasmtime::component::ResourceTable;
@@ -25,12 +26,13 @@ pub(crate) struct HostState {
     /// The call's log, rate-limited: the `log` import and stdout/stderr share it.
     output: GuestOutput,
     memory: MemoryMeter,
-    /// Whether the instance asked for more memory than its cap.
-    pub(super) memory_hit: bool,
+    /// Why the instance was refused memory, if it was: over its own cap ([`TrapKind::Memory`]), or
+    /// its tenant's share of the host's guest memory spent ([`TrapKind::HostMemory`]).
+    pub(super) memory_hit: Option<TrapKind>,
     /// The guest time a handler call may take, in nanoseconds.
     pub(super) cpu_budget: u64,
     /// What the running handler call has used of the guest CPU.
-    pub(super) cpu: Share,
+    pub(super) cpu: CpuShare,
 }
 
 impl HostState {
@@ -39,7 +41,7 @@ impl HostState {
         imports: Arc<dyn GuestImports>,
         limits: &Limits,
         output: GuestOutput,
-        cpu: Share,
+        cpu: CpuShare,
     ) -> HostState {
         let wasi = WasiCtx::builder()
             .stdout(output.clone())
@@ -57,8 +59,8 @@ impl HostState {
             table,
             imports,
             output,
-            memory: MemoryMeter::new(limits.memory_bytes),
-            memory_hit: false,
+            memory: MemoryMeter::new(limits.memory_bytes, limits.host_memory.clone()),
+            memory_hit: None,
             cpu_budget: u64::try_from(limits.cpu_per_call.as_nanos()).unwrap_or(u64::MAX),
             cpu,
         }
@@ -91,14 +93,23 @@ impl ResourceLimiter for HostState {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if !self.memory.grow(current, desired) {
-            self.memory_hit = true;
-            wasmtime::bail!(
-                "the memory limit of {} bytes (all the instance's memories together) was reached",
-                self.memory.cap
-            );
+        match self.memory.grow(current, desired) {
+            Ok(()) => Ok(true),
+            Err(TrapKind::HostMemory) => {
+                self.memory_hit = Some(TrapKind::HostMemory);
+                wasmtime::bail!(
+                    "the host's guest memory (guest_memory_mib) has no room for the tenant: \
+                     its reserved part is in use and the rest is taken"
+                )
+            }
+            Err(kind) => {
+                self.memory_hit = Some(kind);
+                wasmtime::bail!(
+                    "the memory limit of {} bytes (all the instance's memories together) was reached",
+                    self.memory.cap
+                )
+            }
         }
-        Ok(true)
     }
 
     fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
@@ -116,38 +127,59 @@ impl ResourceLimiter for HostState {
     }
 }
 
-/// The linear memory of all an instance's memories together, against its cap: `memory_mib` bounds the
-/// instance, however many memories its component declares.
+/// The linear memory of all an instance's memories together, against its cap (`memory_mib` bounds the
+/// instance, however many memories its component declares) and taken from its tenant's share of the
+/// host's guest memory, given back when the Store is dropped.
 #[derive(Debug)]
 struct MemoryMeter {
     cap: usize,
     used: usize,
     /// What the last growth allowed added, taken back if the growth then fails.
     last: usize,
+    host: Option<Share>,
 }
 
 impl MemoryMeter {
-    fn new(cap: usize) -> MemoryMeter {
+    fn new(cap: usize, host: Option<Share>) -> MemoryMeter {
         MemoryMeter {
             cap,
             used: 0,
             last: 0,
+            host,
         }
     }
 
-    /// Whether one memory may grow from `current` to `desired` bytes; counts it if so.
-    fn grow(&mut self, current: usize, desired: usize) -> bool {
+    /// Whether one memory may grow from `current` to `desired` bytes (counted if so), or which bound
+    /// refuses it.
+    fn grow(&mut self, current: usize, desired: usize) -> Result<(), TrapKind> {
         let more = desired.saturating_sub(current);
         if self.used.saturating_add(more) > self.cap {
-            return false;
+            return Err(TrapKind::Memory);
+        }
+        if let Some(host) = &self.host {
+            if !host.take(more as u64) {
+                return Err(TrapKind::HostMemory);
+            }
         }
         self.used += more;
         self.last = more;
-        true
+        Ok(())
     }
 
     fn grow_failed(&mut self) {
-        self.used -= std::mem::take(&mut self.last);
+        let last = std::mem::take(&mut self.last);
+        self.used -= last;
+        if let Some(host) = &self.host {
+            host.give(last as u64);
+        }
+    }
+}
+
+impl Drop for MemoryMeter {
+    fn drop(&mut self) {
+        if let Some(host) = &self.host {
+            host.give(self.used as u64);
+        }
     }
 }
 
@@ -205,19 +237,49 @@ impl log::Host for HostState {
 
 #[cfg(test)]
 mod tests {
-    use super::MemoryMeter;
+    use super::{MemoryMeter, TrapKind};
+    use crate::sandbox::budget::Budget;
 
     #[test]
     fn the_memory_cap_holds_for_all_the_memories_of_an_instance_together() {
-        let mut meter = MemoryMeter::new(64);
-        assert!(meter.grow(0, 40), "the first memory's initial size");
-        assert!(
-            !meter.grow(0, 40),
+        let mut meter = MemoryMeter::new(64, None);
+        assert!(meter.grow(0, 40).is_ok(), "the first memory's initial size");
+        assert_eq!(
+            meter.grow(0, 40),
+            Err(TrapKind::Memory),
             "a second memory of 40 is over 64 in all"
         );
-        assert!(meter.grow(0, 24), "a second memory of 24 fits exactly");
-        assert!(!meter.grow(40, 41), "no byte more for either");
+        assert!(
+            meter.grow(0, 24).is_ok(),
+            "a second memory of 24 fits exactly"
+        );
+        assert!(meter.grow(40, 41).is_err(), "no byte more for either");
         meter.grow_failed();
-        assert!(meter.grow(40, 64), "a growth that failed is taken back");
+        assert!(
+            meter.grow(40, 64).is_ok(),
+            "a growth that failed is taken back"
+        );
+    }
+
+    #[test]
+    fn an_instances_memory_comes_from_its_tenants_share_and_goes_back_when_it_is_dropped() {
+        let host = Budget::new(100);
+        host.reserve([("acme", 30)]);
+        let mut globex = MemoryMeter::new(200, Some(host.share("globex")));
+        assert!(globex.grow(0, 60).is_ok());
+        assert_eq!(
+            globex.grow(60, 80),
+            Err(TrapKind::HostMemory),
+            "under its own cap, but only 70 are not acme's"
+        );
+        let mut acme = MemoryMeter::new(200, Some(host.share("acme")));
+        assert!(
+            acme.grow(0, 30).is_ok(),
+            "acme's reserved 30 were kept for it"
+        );
+        acme.grow_failed();
+        assert_eq!(host.used(), 60, "a failed growth gives its bytes back");
+        drop(globex);
+        assert_eq!(host.used(), 0);
     }
 }

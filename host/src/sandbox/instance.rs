@@ -110,7 +110,7 @@ impl Instance {
         code: &AgentCode,
         imports: Arc<dyn GuestImports>,
         limits: Limits,
-    ) -> Result<Instance> {
+    ) -> Result<Instance, Unmade> {
         let output = GuestOutput::new(imports.clone(), limits.log_lines_per_second);
         let mut instance = Instance {
             code: code.clone(),
@@ -126,7 +126,7 @@ impl Instance {
 
     // Not `&self` across the await: a Store is Send but not Sync. Under the wall-clock bound of a handler
     // call: a component's start functions run guest code, which could wait in an import for ever.
-    fn instantiate(&self) -> impl Future<Output = Result<Live>> + Send + 'static {
+    fn instantiate(&self) -> impl Future<Output = Result<Live, Unmade>> + Send + 'static {
         let (code, imports, limits, output, cpu) = (
             self.code.clone(),
             self.imports.clone(),
@@ -140,9 +140,25 @@ impl Instance {
             let instantiating = instantiate(&code, imports, &limits, output, cpu.clone());
             tokio::time::timeout(within, cpu::run(&cpu, instantiating))
                 .await
-                .unwrap_or_else(|_| anyhow::bail!("instantiating took longer than {within:?}"))
+                .unwrap_or_else(|_| {
+                    Err(Unmade {
+                        kind: TrapKind::WallDeadline,
+                        cause: format!("instantiating took longer than {within:?}"),
+                    })
+                })
         }
     }
+}
+
+/// An instance that could not be made, and the kind of trap it counts as (its start functions trapped,
+/// or it was refused memory).
+#[derive(Debug, thiserror::Error)]
+#[error("could not instantiate: {cause}")]
+pub struct Unmade {
+    /// What it counts as.
+    pub kind: TrapKind,
+    /// Why, with its causes.
+    pub cause: String,
 }
 
 async fn instantiate(
@@ -151,7 +167,7 @@ async fn instantiate(
     limits: &Limits,
     output: GuestOutput,
     cpu: Share,
-) -> Result<Live> {
+) -> Result<Live, Unmade> {
     let (engine, pre, pre_without_http) = match &code.form {
         Form::Wasm {
             engine,
@@ -180,8 +196,13 @@ async fn instantiate(
     } else {
         pre
     };
-    let agent = pre.instantiate_async(&mut store).await?;
-    Ok(Live::Wasm(store, agent))
+    match pre.instantiate_async(&mut store).await {
+        Ok(agent) => Ok(Live::Wasm(store, agent)),
+        Err(error) => Err(Unmade {
+            kind: classify(&error, store.data().memory_hit),
+            cause: format!("{error:#}"),
+        }),
+    }
 }
 
 impl Instance {
@@ -191,10 +212,10 @@ impl Instance {
         if self.live.is_none() {
             match self.instantiate().await {
                 Ok(live) => self.live = Some(live),
-                Err(error) => {
+                Err(unmade) => {
                     return Outcome::Trapped {
-                        kind: TrapKind::Other,
-                        report: TrapReport::outside(format!("could not instantiate: {error:#}")),
+                        kind: unmade.kind,
+                        report: TrapReport::outside(unmade.to_string()),
                     }
                 }
             }
@@ -235,7 +256,10 @@ impl Instance {
             Ok(Ok(Ok(()))) => Outcome::Ok,
             Ok(Ok(Err(message))) => Outcome::Failed(clip(&message).to_string()),
             Ok(Err(error)) => {
-                let memory = matches!(&self.live, Some(Live::Wasm(s, _)) if s.data().memory_hit);
+                let memory = match &self.live {
+                    Some(Live::Wasm(store, _)) => store.data().memory_hit,
+                    _ => None,
+                };
                 Outcome::Trapped {
                     kind: classify(&error, memory),
                     report: TrapReport::of(&error),

@@ -121,6 +121,30 @@ pub fn check_max_calls(max_calls: usize) -> Result<(), LimitError> {
     })
 }
 
+/// The guests' linear memory across every call when the config sets no `guest_memory_mib`: three quarters
+/// of the memory this process may use (the machine's, or its cgroup's limit when lower), leaving the
+/// rest to the host's own work (connections, buffers, compiled code); 4 GiB when neither can be read.
+pub fn default_guest_memory_mib() -> u64 {
+    let machine = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib << 10)
+        });
+    // cgroup v2's limit ("max" when there is none), as a container runtime sets it.
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    let bytes = match (machine, cgroup) {
+        (Some(m), Some(c)) => m.min(c),
+        (Some(m), None) => m,
+        (None, Some(c)) => c,
+        (None, None) => 4 << 30,
+    };
+    ((bytes / 4 * 3) >> 20).max(16)
+}
+
 /// Component-model handles an instance may hold at once (to host resources and its own): a guest makes
 /// these without host code in the loop (`resource.new`). More traps the instance.
 pub const MAX_COMPONENT_HANDLES: usize = 1_000;

@@ -15,7 +15,8 @@
 //! the guest's imports, and the meters behind the limits), `instance.rs` (one call's instance and its
 //! handler calls), `native.rs` (an agent as host code, to measure the sandbox against), `trap.rs` (what
 //! kind of trap ended a handler), `guest_log.rs` (the guest's log, rate
-//! limited), `limits.rs` (the limits' defaults), `cpu.rs` (the guests' CPU: the calls' runtime, what a guest used), `egress.rs`
+//! limited), `limits.rs` (the limits' defaults), `budget.rs` (the pool's slots and the guests' memory,
+//! shared by the tenants with parts reserved), `cpu.rs` (the guests' CPU: the calls' runtime, what a guest used), `egress.rs`
 //! (where a request may connect) and `outbound.rs` (its HTTP requests).
 
 use std::future::Future;
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 use limits::ResolvedLimits;
 
+pub mod budget;
 mod compile_input;
 pub mod compiler;
 mod cpu;
@@ -42,7 +44,7 @@ pub use compile_input::Wasm;
 pub use compiler::{ChildCompiler, CompileBounds};
 pub use cpu::spawn_call;
 pub use engine::{blocking, AgentCode, LoadError, Sandbox};
-pub use instance::{Event, Instance, Outcome, HANDLERS};
+pub use instance::{Event, Instance, Outcome, Unmade, HANDLERS};
 pub use native::NativeAgent;
 pub use outbound::{HttpPolicy, Origin};
 pub use trap::{TrapKind, TrapReport};
@@ -173,6 +175,9 @@ pub struct Limits {
     pub log_lines_per_second: u32,
     /// Where the guest may send HTTP requests (`wasi:http`), how long and how large they may be.
     pub http: Arc<HttpPolicy>,
+    /// The tenant's share of the host's guest memory (`guest_memory_mib`), which every byte of linear
+    /// memory the instance gets is taken from; `None`: only `memory_bytes` bounds it.
+    pub host_memory: Option<budget::Share>,
 }
 
 impl Limits {
@@ -184,6 +189,7 @@ impl Limits {
             memory_bytes: (limits.memory_mib as usize) << 20,
             log_lines_per_second: limits.log_lines_per_second,
             http,
+            host_memory: None,
         }
     }
 }

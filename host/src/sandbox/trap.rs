@@ -16,6 +16,9 @@ pub enum TrapKind {
     WallDeadline,
     /// The instance asked for more linear memory than its cap.
     Memory,
+    /// The instance asked for linear memory its tenant's share of the host's guest memory
+    /// (`guest_memory_mib`) had no room for.
+    HostMemory,
     /// The guest's call stack overflowed.
     StackOverflow,
     /// The instance held more handles on the host than [`super::limits::MAX_HANDLES`], filled a
@@ -28,11 +31,12 @@ pub enum TrapKind {
 
 impl TrapKind {
     /// Every kind, in the order stats, metrics and logs list them.
-    pub const ALL: [TrapKind; 7] = [
+    pub const ALL: [TrapKind; 8] = [
         TrapKind::Panic,
         TrapKind::CpuDeadline,
         TrapKind::WallDeadline,
         TrapKind::Memory,
+        TrapKind::HostMemory,
         TrapKind::StackOverflow,
         TrapKind::HostResources,
         TrapKind::Other,
@@ -49,6 +53,7 @@ impl TrapKind {
             TrapKind::CpuDeadline => "cpu_deadline",
             TrapKind::WallDeadline => "wall_deadline",
             TrapKind::Memory => "memory_limit",
+            TrapKind::HostMemory => "host_memory",
             TrapKind::StackOverflow => "stack_overflow",
             TrapKind::HostResources => "host_resources",
             TrapKind::Panic => "panic",
@@ -57,10 +62,10 @@ impl TrapKind {
     }
 }
 
-/// The kind of the trap `error` reports; `memory` when the instance hit its memory cap first.
-pub(super) fn classify(error: &wasmtime::Error, memory: bool) -> TrapKind {
-    if memory {
-        return TrapKind::Memory;
+/// The kind of the trap `error` reports; `memory` when the instance was refused memory first.
+pub(super) fn classify(error: &wasmtime::Error, memory: Option<TrapKind>) -> TrapKind {
+    if let Some(kind) = memory {
+        return kind;
     }
     // A host call over one of the instance's caps returns its error up through the guest, under context
     // (the import's, the backtrace's): look through the whole chain. wasmtime's error for a host call

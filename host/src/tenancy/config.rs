@@ -32,6 +32,11 @@ pub struct ServeConfig {
     /// A call past it gets its agent's failure policy, as one past a session cap does.
     #[serde(default = "default_max_calls")]
     pub max_calls: usize,
+    /// The guests' linear memory across every call, in MiB (16 to 16777216): a guest whose memory would
+    /// grow past it (less what other tenants reserved) traps (`host_memory`), so the kernel's OOM killer
+    /// never ends every tenant's calls. Left out: three quarters of the machine's memory, or of the
+    /// cgroup's limit when it has a lower one.
+    pub guest_memory_mib: Option<u64>,
     /// The admin API's listener and the `/metrics` token (`[admin]`).
     #[serde(default)]
     pub admin: AdminConfig,
@@ -430,6 +435,12 @@ pub struct TenantConfig {
     /// The tenant's limits over `[limits]`; its `max_sessions` is its total over all its agents.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Calls set aside for the tenant (0 by default, at most its `max_sessions`): this many pool slots,
+    /// and the guest memory they may grow to (× its largest `memory_mib`), are kept free for it whatever
+    /// other tenants hold. Every tenant's added up must fit `max_calls` and `guest_memory_mib`. Past
+    /// them, its calls share what nobody reserved, first come, first served.
+    #[serde(default)]
+    pub reserved_calls: usize,
     /// Where the tenant's agents may send HTTP requests (`[tenants.http]`).
     #[serde(default)]
     pub http: HttpConfig,
@@ -484,6 +495,10 @@ pub struct Tenant {
     pub http: Arc<HttpPolicy>,
     /// What it may keep.
     pub quota: Quota,
+    /// Pool slots set aside for it (`reserved_calls`).
+    pub reserved_calls: usize,
+    /// Guest memory set aside for it, in bytes: its reserved calls at its largest `memory_mib`.
+    pub reserved_memory: u64,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -710,6 +725,13 @@ impl ServeConfig {
             config.connections
         );
         limits::check_max_calls(config.max_calls)?;
+        if let Some(mib) = config.guest_memory_mib {
+            anyhow::ensure!(
+                (16..=1 << 24).contains(&mib),
+                "guest_memory_mib = {mib}: use 16 to {}",
+                1u64 << 24
+            );
+        }
         config.metrics_token()?;
         config.compile.check()?;
         config.admin.check()?;
@@ -809,17 +831,88 @@ impl ServeConfig {
                 .over(&self.quota)
                 .resolve()
                 .map_err(|e| anyhow::anyhow!("tenant {id:?}: {e:#}"))?;
+            anyhow::ensure!(
+                tenant.reserved_calls <= limits.max_sessions,
+                "tenant {id:?}: reserved_calls = {} is over its max_sessions = {}: it could never use them",
+                tenant.reserved_calls,
+                limits.max_sessions
+            );
+            let largest_memory_mib = agent_limits
+                .values()
+                .map(|l| l.memory_mib)
+                .fold(limits.memory_mib, u64::max);
             tenants.push(Tenant {
                 id: id.clone(),
                 token,
                 api_key: ApiKey::new(api_key),
+                reserved_calls: tenant.reserved_calls,
+                reserved_memory: (tenant.reserved_calls as u64) * (largest_memory_mib << 20),
                 limits,
                 agent_limits,
                 http: Arc::new(http),
                 quota,
             });
         }
+        self.check_reservations(&tenants)?;
         Ok(tenants)
+    }
+
+    /// The guests' memory across every call, in bytes (see [`ServeConfig::guest_memory_mib`]).
+    pub fn guest_memory_bytes(&self) -> u64 {
+        self.guest_memory_mib
+            .unwrap_or_else(limits::default_guest_memory_mib)
+            << 20
+    }
+
+    /// Every tenant's reservations together fit the pool and the guests' memory.
+    fn check_reservations(&self, tenants: &[Tenant]) -> anyhow::Result<()> {
+        let calls: usize = tenants.iter().map(|t| t.reserved_calls).sum();
+        anyhow::ensure!(
+            calls <= self.max_calls,
+            "the tenants' reserved_calls add up to {calls}, over max_calls = {}: lower them or raise \
+             max_calls",
+            self.max_calls
+        );
+        let memory = tenants
+            .iter()
+            .map(|t| t.reserved_memory)
+            .fold(0u64, u64::saturating_add);
+        let budget = self.guest_memory_bytes();
+        anyhow::ensure!(
+            memory <= budget,
+            "the tenants' reserved_calls at their memory_mib add up to {} MiB, over guest_memory_mib = \
+             {}: lower them or raise guest_memory_mib",
+            memory >> 20,
+            budget >> 20
+        );
+        Ok(())
+    }
+
+    /// What the tenants may hold together beyond the host's room, in words (none when nothing is
+    /// overcommitted): calls past it are refused (`host_full`) or trap (`host_memory`) first come, first
+    /// served, outside the reservations.
+    pub fn overcommitted(&self, tenants: &[Tenant]) -> Vec<String> {
+        let sessions: usize = tenants.iter().map(|t| t.limits.max_sessions).sum();
+        let memory = tenants
+            .iter()
+            .map(|t| (t.limits.max_sessions as u64).saturating_mul(t.limits.memory_mib << 20))
+            .fold(0u64, u64::saturating_add);
+        let mut said = Vec::new();
+        if sessions > self.max_calls {
+            said.push(format!(
+                "the tenants' max_sessions add up to {sessions}, over max_calls = {}",
+                self.max_calls
+            ));
+        }
+        if memory > self.guest_memory_bytes() {
+            said.push(format!(
+                "the tenants' max_sessions at their memory_mib add up to {} MiB, over \
+                 guest_memory_mib = {}",
+                memory >> 20,
+                self.guest_memory_bytes() >> 20
+            ));
+        }
+        said
     }
 }
 
@@ -950,6 +1043,79 @@ mod tests {
         let error = format!("{:#}", metrics.tenants().unwrap_err());
         assert!(error.contains("metrics_token_sha256"), "{error}");
         assert!(!error.contains(&token_sha256("one-token")), "{error}");
+    }
+
+    #[test]
+    fn reservations_must_fit_the_pool_and_the_guests_memory_and_overcommitment_is_said() {
+        std::env::set_var("VOICEHOST_TEST_KEY_RESERVED", "key");
+        let config = |top: &str, acme: &str, globex: &str| {
+            let tenant = |id: &str, extra: &str| {
+                format!(
+                    "[[tenants]]\nid = \"{id}\"\ntoken_sha256 = \"{}\"\napi_key_env = \"VOICEHOST_TEST_KEY_RESERVED\"\n{extra}\n",
+                    token_sha256(id)
+                )
+            };
+            ServeConfig::parse(&format!(
+                "data_dir = \"d\"\n{top}\n{}{}",
+                tenant("acme", acme),
+                tenant("globex", globex)
+            ))
+            .unwrap()
+        };
+        let fits = config(
+            "max_calls = 100\nguest_memory_mib = 4096",
+            "reserved_calls = 40\n[tenants.limits]\nmemory_mib = 32\n[tenants.agents.agent_big.limits]\nmemory_mib = 64",
+            "reserved_calls = 20",
+        );
+        let tenants = fits.tenants().unwrap();
+        // acme's reservation is at its largest agent's memory.
+        assert_eq!(tenants[0].reserved_memory, 40 * (64 << 20));
+        assert_eq!(tenants[1].reserved_memory, 20 * (64 << 20));
+        // 2 × 100 sessions of 64 MiB: over both the pool and the memory, and said so.
+        let said = fits.overcommitted(&tenants);
+        assert!(
+            said[0].contains("max_sessions add up to 200, over max_calls = 100"),
+            "{said:?}"
+        );
+        assert!(said[1].contains("over guest_memory_mib = 4096"), "{said:?}");
+
+        let cases = [
+            (
+                config(
+                    "max_calls = 50",
+                    "reserved_calls = 40",
+                    "reserved_calls = 20",
+                ),
+                "reserved_calls add up to 60, over max_calls = 50",
+            ),
+            (
+                config(
+                    "guest_memory_mib = 1024",
+                    "reserved_calls = 10",
+                    "reserved_calls = 10",
+                ),
+                "add up to 1280 MiB, over guest_memory_mib = 1024",
+            ),
+            (
+                config(
+                    "",
+                    "reserved_calls = 5\n[tenants.limits]\nmax_sessions = 4",
+                    "",
+                ),
+                "tenant \"acme\": reserved_calls = 5 is over its max_sessions = 4",
+            ),
+        ];
+        for (config, expected) in cases {
+            let error = format!("{:#}", config.tenants().unwrap_err());
+            assert!(error.contains(expected), "{error}");
+        }
+        let error = ServeConfig::parse("data_dir = \"d\"\nguest_memory_mib = 8").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("guest_memory_mib = 8: use 16 to 16777216"),
+            "{error}"
+        );
     }
 
     #[test]

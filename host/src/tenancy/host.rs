@@ -10,6 +10,7 @@ use super::rates::Rates;
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, StoreError, VersionRecord};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
 use crate::content::{ensure_writable, remove_partials, Digest, Spool, Spooled};
+use crate::sandbox::budget::Budget;
 use crate::sandbox::{
     blocking, AgentCode, ChildCompiler, HttpPolicy, Limits, LoadError, Sandbox, Wasm,
 };
@@ -107,6 +108,16 @@ fn changed_meanwhile(agent: &str, version: u32) -> ServeError {
     .into()
 }
 
+/// Sets aside each tenant's reserved pool slots and guest memory (the config checked that they fit).
+fn reserve<'a>(slots: &Budget, memory: &Budget, tenants: impl Iterator<Item = &'a Tenant> + Clone) {
+    slots.reserve(
+        tenants
+            .clone()
+            .map(|t| (t.id.as_str(), t.reserved_calls as u64)),
+    );
+    memory.reserve(tenants.map(|t| (t.id.as_str(), t.reserved_memory)));
+}
+
 /// One upload in progress: its tenant's slot, freed when dropped.
 pub struct UploadSlot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
 
@@ -119,8 +130,11 @@ pub struct Tenancy {
     sandbox: Sandbox,
     sent_url: String,
     connections: usize,
-    /// Every call of the host counts under this cap (`max_calls`): the instance pool holds no more.
-    calls: Arc<Gate>,
+    /// The instance pool's slots (`max_calls`): each call takes one from its tenant's share, so the pool
+    /// holds no more calls than it has room for, and a tenant's `reserved_calls` are kept for it.
+    slots: Arc<Budget>,
+    /// The guests' linear memory (`guest_memory_mib`), with each tenant's reserved part.
+    memory: Arc<Budget>,
     /// Replaced whole when the config is reloaded.
     tenants: RwLock<Tenants>,
     metrics_token: RwLock<Option<TokenHash>>,
@@ -155,8 +169,11 @@ impl Tenancy {
     /// Uploads compile in child processes of `compiler` (the `voicehost` binary) under the bounds of the
     /// config's `[compile]`; with `None`, in this process without bounds (for tests and embedding only).
     pub fn open(config: &ServeConfig, compiler: Option<PathBuf>) -> anyhow::Result<Arc<Tenancy>> {
-        let tenants = config
-            .tenants()?
+        let tenants = config.tenants()?;
+        for overcommitted in config.overcommitted(&tenants) {
+            tracing::warn!("{overcommitted}: past the host's room, calls are refused (host_full) or trap (host_memory), outside what reserved_calls keeps for a tenant");
+        }
+        let tenants: Tenants = tenants
             .into_iter()
             .map(|tenant| {
                 let gate = Gate::new(tenant.limits.max_sessions);
@@ -194,12 +211,18 @@ impl Tenancy {
             Ok(removed) => tracing::info!(removed, "removed compiled components no version needs"),
             Err(error) => tracing::warn!(%error, "could not collect the compiled cache"),
         }
+        let (slots, memory) = (
+            Budget::new(config.max_calls as u64),
+            Budget::new(config.guest_memory_bytes()),
+        );
+        reserve(&slots, &memory, tenants.values().map(|(t, _)| &**t));
         Ok(Arc::new(Tenancy {
             metrics_token: RwLock::new(config.metrics_token()?),
             sandbox,
             sent_url: config.sent_url.clone(),
             connections: config.connections,
-            calls: Gate::new(config.max_calls),
+            slots,
+            memory,
             tenants: RwLock::new(tenants),
             registry: Arc::new(tokio::sync::Mutex::new(registry)),
             running: Mutex::new(BTreeMap::new()),
@@ -373,6 +396,9 @@ impl Tenancy {
     pub async fn reload(self: &Arc<Tenancy>, config: &ServeConfig) -> anyhow::Result<()> {
         let fresh = config.tenants()?;
         let metrics_token = config.metrics_token()?;
+        for overcommitted in config.overcommitted(&fresh) {
+            tracing::warn!("{overcommitted}: past the host's room, calls are refused (host_full) or trap (host_memory), outside what reserved_calls keeps for a tenant");
+        }
         // What a reload cannot change is said, not silently kept.
         if config.data_dir.join("uploads") != self.uploads_dir {
             tracing::warn!(
@@ -382,9 +408,10 @@ impl Tenancy {
         if config.sent_url != self.sent_url
             || config.connections != self.connections
             || config.max_calls != self.sandbox.max_calls()
+            || config.guest_memory_bytes() != self.memory.capacity()
         {
             tracing::warn!(
-                "sent_url, connections or max_calls changed: they apply from the next restart"
+                "sent_url, connections, max_calls or guest_memory_mib changed: they apply from the next restart"
             );
         }
         // No admin change in between.
@@ -420,6 +447,7 @@ impl Tenancy {
                 .filter(|id| !next.contains_key(*id))
                 .cloned()
                 .collect();
+            reserve(&self.slots, &self.memory, next.values().map(|(t, _)| &**t));
             *tenants = next;
             (gone, rekeyed)
         };
@@ -1083,7 +1111,10 @@ impl Tenancy {
     /// The limits an agent's calls run under: its tenant's for it, or the defaults.
     fn limits(&self, tenant: &str, agent: &str) -> Limits {
         match self.tenant(tenant) {
-            Some(tenant) => Limits::of(&tenant.agent_limits(agent), tenant.http.clone()),
+            Some(config) => Limits {
+                host_memory: Some(self.memory.share(tenant)),
+                ..Limits::of(&config.agent_limits(agent), config.http.clone())
+            },
             None => Limits::default(),
         }
     }
@@ -1108,7 +1139,7 @@ impl Tenancy {
             return;
         };
         let agent_gate = Gate::new(tenant_config.agent_session_cap(agent).unwrap_or(usize::MAX));
-        let gates = vec![self.calls.clone(), tenant_gate, agent_gate.clone()];
+        let gates = vec![tenant_gate, agent_gate.clone()];
         let (deployments, receiver) = watch::channel(deployment);
         let (stop, stopped) = watch::channel(false);
         let stats = Arc::new(Stats::default());
@@ -1116,7 +1147,7 @@ impl Tenancy {
             dial: Dial::new(self.sent_url.clone(), agent, tenant_config.api_key.clone()),
             deployment: receiver,
             connections: self.connections,
-            admission: Admission::new(gates),
+            admission: Admission::new(gates).with_slots(self.slots.share(tenant)),
         };
         let (tenant_id, agent_id) = (tenant.to_string(), agent.to_string());
         let refused = Arc::new(Mutex::new(None));

@@ -404,40 +404,116 @@ async fn a_call_over_the_tenants_session_cap_gets_the_failure_policy_at_once_and
     hosting.finish().await;
 }
 
+const GLOBEX: &str = "tenant=\"globex\",agent=\"agent_globex\"";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_past_the_hosts_max_calls_gets_its_failure_policy_whichever_tenant_holds_the_room() {
-    let hosting = Hosting::start_with("max-calls", "max_calls = 1", "").await;
+async fn a_tenants_reserved_calls_stay_free_while_a_neighbour_fills_the_rest_of_the_pool() {
+    // Two pool slots, one of them acme's.
+    let hosting =
+        Hosting::start_with("reserved-calls", "max_calls = 2", "reserved_calls = 1").await;
     hosting
         .deploy(GLOBEX_TOKEN, "agent_globex", "conformance")
         .await;
     hosting
         .deploy(ACME_TOKEN, "agent_acme", "conformance")
         .await;
-    let mut globex = hosting.connection("agent_globex").await.start_text();
+    let globex_conn = hosting.connection("agent_globex").await;
+    let mut globex = globex_conn.start_text();
     globex
         .expect_say("Hello from the conformance agent.")
         .await
         .unwrap();
-    // The pool has room for one instance: the other tenant's call is refused by the host's cap, not
-    // left to fail at instantiation.
-    let acme = hosting.connection("agent_acme").await;
-    let mut refused = acme.start_text();
+    // The one slot nobody reserved is taken: globex's next call gets its failure policy at once (not
+    // an instantiation that fails), counted as the host being full, not as over a cap.
+    let mut refused = globex_conn.start_text();
     refused.expect_tool("hangup").await.unwrap();
-    until_metrics(&hosting, "the refused call is counted", |t| {
-        t.contains(&format!("voicehost_sessions_refused_total{{{ACME}}} 1"))
+    let text = until_metrics(&hosting, "the refused call is counted", |t| {
+        t.contains(&format!("voicehost_sessions_host_full_total{{{GLOBEX}}} 1"))
     })
     .await;
+    assert_eq!(
+        metric(
+            &text,
+            &format!("voicehost_sessions_refused_total{{{GLOBEX}}}")
+        ),
+        0.0
+    );
+
+    // acme's reserved slot was kept for it.
+    let mut acme = hosting.connection("agent_acme").await.start_text();
+    acme.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
 
     globex.end("completed");
-    until_metrics(&hosting, "the first call is done", |t| {
-        t.contains("voicehost_sessions_live{tenant=\"globex\",agent=\"agent_globex\"} 0")
+    until_metrics(&hosting, "globex's first call is done", |t| {
+        t.contains(&format!("voicehost_sessions_live{{{GLOBEX}}} 0"))
     })
     .await;
-    let mut next = acme.start_text();
+    let mut next = globex_conn.start_text();
     next.expect_say("Hello from the conformance agent.")
         .await
         .unwrap();
     next.end("completed");
+    acme.end("completed");
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_growing_into_memory_another_tenant_reserved_traps_and_that_tenant_still_gets_it() {
+    // 40 MiB of guest memory for the host: 16 are acme's (one call at 16 MiB), 24 are nobody's.
+    let hosting = Hosting::start_with(
+        "guest-memory",
+        "guest_memory_mib = 40",
+        "reserved_calls = 1\n[tenants.limits]\nmemory_mib = 16",
+    )
+    .await;
+    hosting.deploy(GLOBEX_TOKEN, "agent_globex", "hog").await;
+    hosting.deploy(ACME_TOKEN, "agent_acme", "hog").await;
+    let globex_conn = hosting.connection("agent_globex").await;
+    let mut holder = globex_conn.start_text();
+    holder.expect_say("Hello from the hog.").await.unwrap();
+    holder.say("take 20");
+    holder.expect_say("took 20").await.unwrap();
+    // globex's own cap is 64 MiB: what stops its second call is the host's memory, outside acme's part.
+    let mut grower = globex_conn.start_text();
+    grower.expect_say("Hello from the hog.").await.unwrap();
+    grower.say("grow");
+    until_metrics(
+        &hosting,
+        "globex's trap, counted as the host's memory",
+        |t| {
+            t.contains(&format!(
+                "voicehost_traps_total{{{GLOBEX},kind=\"host_memory\"}} 1"
+            ))
+        },
+    )
+    .await;
+
+    // While globex holds the rest, acme's call still gets its 16 MiB; past them, its own cap traps it.
+    let mut acme = hosting.connection("agent_acme").await.start_text();
+    acme.expect_say("Hello from the hog.").await.unwrap();
+    acme.say("take 12");
+    acme.expect_say("took 12").await.unwrap();
+    acme.say("grow");
+    let text = until_metrics(&hosting, "acme's trap, at its own cap", |t| {
+        t.contains(&format!(
+            "voicehost_traps_total{{{ACME},kind=\"memory_limit\"}} 1"
+        ))
+    })
+    .await;
+    assert_eq!(
+        metric(
+            &text,
+            &format!("voicehost_traps_total{{{ACME},kind=\"host_memory\"}}")
+        ),
+        0.0
+    );
+    holder.say("echo still here");
+    holder.expect_say("still here").await.unwrap();
+    for call in [holder, grower, acme] {
+        call.end("completed");
+    }
     hosting.finish().await;
 }
 

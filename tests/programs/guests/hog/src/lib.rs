@@ -3,6 +3,7 @@
 //!
 //! * session start: says "Hello from the hog." (text calls);
 //! * "grow": keeps 1 MiB chunks, each filled with data, until the allocator fails (a trap);
+//! * "take <n>": keeps n more 1 MiB chunks, then says "took <n>";
 //! * "echo <text>": says `<text>`;
 //! * anything else: nothing.
 
@@ -43,6 +44,13 @@ impl Agent for Hog {
     fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
         if said.text == "grow" {
             self.grow();
+        }
+        if let Some(n) = said.text.strip_prefix("take ") {
+            let n: usize = n.parse().map_err(|_| format!("take {n}: not a number"))?;
+            for _ in 0..n {
+                self.chunks.borrow_mut().push(black_box(vec![1; CHUNK]));
+            }
+            session.say(&format!("took {n}"))?;
         }
         if let Some(text) = said.text.strip_prefix("echo ") {
             session.say(text)?;
