@@ -221,6 +221,7 @@ impl From<ServeError> for ApiError {
         let message = error.to_string();
         let code = match error {
             ServeError::Busy(_) => return ApiError::busy(message, RETRY_BUSY),
+            ServeError::CompileTimeSpent { wait, .. } => return ApiError::busy(message, wait),
             ServeError::BadRequest(_) => ErrorCode::BadRequest,
             ServeError::Load(LoadError::NotWasm) => ErrorCode::NotWasm,
             ServeError::Load(LoadError::CoreModule) => ErrorCode::CoreModule,

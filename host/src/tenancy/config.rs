@@ -65,6 +65,9 @@ pub struct CompileConfig {
     pub memory_mib: u64,
     /// Compiles at once across tenants (each tenant's one at a time).
     pub at_once: usize,
+    /// Seconds of a compile slot one tenant's compiles may hold per hour, refused ones included (see
+    /// `tenancy::compiling`).
+    pub tenant_seconds_per_hour: u64,
 }
 
 impl Default for CompileConfig {
@@ -73,6 +76,7 @@ impl Default for CompileConfig {
             cpu_seconds: CompileBounds::DEFAULT.cpu.as_secs(),
             memory_mib: CompileBounds::DEFAULT.memory_bytes >> 20,
             at_once: 2,
+            tenant_seconds_per_hour: 900,
         }
     }
 }
@@ -93,6 +97,12 @@ impl CompileConfig {
                 ("cpu_seconds", self.cpu_seconds, 1, 3600),
                 ("memory_mib", self.memory_mib, 256, 65_536),
                 ("at_once", self.at_once as u64, 1, 16),
+                (
+                    "tenant_seconds_per_hour",
+                    self.tenant_seconds_per_hour,
+                    1,
+                    16 * 3600,
+                ),
             ],
         )
     }

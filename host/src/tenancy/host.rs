@@ -3,7 +3,7 @@
 //! admin API activates, rolls back, or deletes versions. Registry changes happen one at a time, under one
 //! lock; serving calls never takes it.
 
-use super::compiling::{CompileQueue, UploadSlots};
+use super::compiling::{CompileQueue, Payer, Turn, UploadSlots};
 use super::config::{ServeConfig, Tenant, TokenHash};
 use super::quota::{Quota, Usage};
 use super::rates::Rates;
@@ -45,6 +45,15 @@ pub enum ServeError {
     /// The tenant has as many uploads in progress as it may: try again once one has finished.
     #[error("{0}")]
     Busy(String),
+    /// The tenant has spent its compile time for now (`[compile] tenant_seconds_per_hour`): try again
+    /// after the wait.
+    #[error("this tenant's compiles (refused ones too) have used the {per_hour} s of compile time it gets per hour: try again in {} s", wait.as_secs() + 1)]
+    CompileTimeSpent {
+        /// Its compile time per hour, in seconds.
+        per_hour: u64,
+        /// Until it may compile again.
+        wait: Duration,
+    },
     /// The host itself failed, e.g. a compilation that stopped.
     #[error("{0}")]
     Internal(String),
@@ -229,7 +238,10 @@ impl Tenancy {
             loading: Mutex::new(BTreeSet::new()),
             background: Mutex::new(Vec::new()),
             ready: AtomicBool::new(false),
-            compiling: CompileQueue::new(config.compile.at_once),
+            compiling: CompileQueue::new(
+                config.compile.at_once,
+                Duration::from_secs(config.compile.tenant_seconds_per_hour),
+            ),
             uploads: UploadSlots::new(config.admin.uploads_per_tenant),
             upload_timeout: Duration::from_secs(config.admin.upload_timeout_seconds),
             uploads_dir,
@@ -328,7 +340,7 @@ impl Tenancy {
         to_compile: Vec<(String, String, VersionRecord)>,
     ) {
         let each = to_compile.into_iter().map(|(tenant, agent, version)| async move {
-            match self.code(&tenant, &agent, version.version).await {
+            match self.code(&tenant, &agent, version.version, Payer::Host).await {
                 Ok((code, _)) => self.serve_if_active(&tenant, &agent, &version, code).await,
                 Err(error) => {
                     tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the active version")
@@ -347,7 +359,7 @@ impl Tenancy {
     /// Holds `tenant`'s turn to compile until the returned turn is dropped (for tests of the queue).
     #[cfg(test)]
     pub(crate) async fn hold_compile_turn(&self, tenant: &str) -> impl Send {
-        self.compiling.turn(tenant).await
+        self.compiling.turn(tenant, Payer::Host).await
     }
 
     /// Serves `code` as the agent's, if `version` is still its active version and it is not served yet
@@ -583,6 +595,9 @@ impl Tenancy {
     /// already at its quota of versions. (Its bytes count once its digest is known.)
     pub async fn upload_may_start(&self, tenant: &str, agent: &str) -> Result<(), ServeError> {
         check_agent_id(agent)?;
+        self.compiling
+            .may_compile(tenant)
+            .map_err(|wait| self.compile_time_spent(wait))?;
         let mut usage = self.registry.lock().await.usage(tenant, None);
         usage.versions += 1;
         self.check_quota(tenant, &usage)
@@ -722,7 +737,7 @@ impl Tenancy {
     ) -> Result<AgentRecord, ServeError> {
         // Compiled (or read from the cache) before anything changes, without the lock: a version that
         // cannot load is never made active, and no other change waits for a compile.
-        let (code, digest) = self.code(tenant, agent, version).await?;
+        let (code, digest) = self.code(tenant, agent, version, Payer::Tenant).await?;
         let (me, (t, a)) = (self.clone(), key(tenant, agent));
         let compiled = (code, digest);
         to_the_end(async move {
@@ -781,7 +796,7 @@ impl Tenancy {
                 None => return Err(RegistryError::nothing_to_roll_back(agent).into()),
             }
         };
-        let (code, digest) = self.code(tenant, agent, back).await?;
+        let (code, digest) = self.code(tenant, agent, back, Payer::Tenant).await?;
         let (me, (t, a)) = (self.clone(), key(tenant, agent));
         let compiled = (code, digest);
         to_the_end(async move {
@@ -982,6 +997,7 @@ impl Tenancy {
         tenant: &str,
         agent: &str,
         version: u32,
+        payer: Payer,
     ) -> Result<(AgentCode, Digest), ServeError> {
         let (digest, store) = {
             let registry = self.registry.lock().await;
@@ -996,7 +1012,7 @@ impl Tenancy {
         }
         // The tenant's turn first: versions waiting to compile (all of them, after an upgrade) hold no
         // component in memory meanwhile.
-        let _turn = self.compiling.turn(tenant).await;
+        let _turn = self.compile_turn(tenant, payer).await?;
         if let Some(code) = self.cached(&digest).await? {
             return Ok((code, digest));
         }
@@ -1081,10 +1097,25 @@ impl Tenancy {
                 return Ok(code);
             }
         }
-        let _turn = self.compiling.turn(tenant).await;
+        let _turn = self.compile_turn(tenant, Payer::Tenant).await?;
         let code = self.sandbox.compile(wasm, digest).await?;
         self.compilations.inc();
         Ok(code)
+    }
+
+    /// `tenant`'s turn to compile, or why it must wait.
+    async fn compile_turn(&self, tenant: &str, payer: Payer) -> Result<Turn, ServeError> {
+        self.compiling
+            .turn(tenant, payer)
+            .await
+            .map_err(|wait| self.compile_time_spent(wait))
+    }
+
+    fn compile_time_spent(&self, wait: Duration) -> ServeError {
+        ServeError::CompileTimeSpent {
+            per_hour: self.compiling.per_hour().as_secs(),
+            wait,
+        }
     }
 
     /// The code of `digest` from the compiled cache, if it is there (read off the async workers).

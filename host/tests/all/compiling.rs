@@ -415,3 +415,26 @@ async fn a_component_declaring_more_tables_or_memories_than_an_instance_may_have
     assert_eq!(leftovers(&hosting), Vec::<String>::new());
     hosting.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_whose_refused_compiles_used_its_compile_time_waits_and_another_compiles_meanwhile(
+) {
+    // acme may hold a compile slot 1 s an hour; one compile stopped at its 1 s of CPU spends it.
+    let top = "[compile]\ncpu_seconds = 1\ntenant_seconds_per_hour = 1";
+    let hosting = Hosting::start_with("compile-time", top, "").await;
+    refused_over_limits(&hosting, "agent_slow", slow_to_compile()).await;
+    // Refused before its body is read, with when to come back.
+    let (status, answer) = upload(&hosting, ACME_TOKEN, "agent_acme", b"\0asm".to_vec()).await;
+    assert_eq!(status, 429, "{answer}");
+    assert_eq!(answer["error"]["code"], "busy", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("used the 1 s of compile time it gets per hour"),
+        "{message}"
+    );
+    // globex's compile time is its own.
+    hosting
+        .deploy(GLOBEX_TOKEN, "agent_globex", "conformance")
+        .await;
+    hosting.finish().await;
+}
