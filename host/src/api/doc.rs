@@ -148,7 +148,7 @@ pub struct BadRequest(#[allow(dead_code)] ErrorBody);
 /// than `activate=true|false`), `not_wasm` (an empty body too), `core_module` or `invalid_component`
 /// (400); `too_large` (413); `wrong_world` or `over_limits` (422, also a compile over the host's bounds);
 /// `timeout` (408: the body took longer than the host waits); `busy` (429, with `Retry-After`: the tenant
-/// has as many uploads in progress as it may).
+/// has as many uploads in progress as it may, or its compiles used its compile time per hour).
 #[derive(ToResponse)]
 #[response(examples(
     ("not_wasm" = (summary = "The body is not WebAssembly", value = json!({"error": {"code": "not_wasm",
@@ -171,6 +171,8 @@ pub struct BadRequest(#[allow(dead_code)] ErrorBody);
         "message": "the body did not arrive within 120 s: nothing was kept"}}))),
     ("busy" = (summary = "Too many uploads in progress", value = json!({"error": {"code": "busy",
         "message": "this tenant has 2 uploads in progress, as many as it may: try again once one has been answered"}}))),
+    ("compile_time" = (summary = "The tenant's compile time is spent", value = json!({"error": {"code": "busy",
+        "message": "this tenant's compiles (refused ones too) have used the 900 s of compile time it gets per hour: try again in 41 s"}}))),
     ("over_quota" = (summary = "Over the tenant's quota", value = json!({"error": {"code": "over_quota",
         "message": "the tenant would keep 101 of versions, over its quota (quota.versions = 100): delete versions it no longer needs, or ask the operator for more"}}))),
 ))]

@@ -333,6 +333,35 @@ async fn metrics_need_the_operators_token_and_a_tenant_sees_only_its_own() {
     assert_eq!(status, StatusCode::OK);
 }
 
+#[tokio::test]
+async fn a_tenant_asking_for_its_metrics_again_within_a_second_is_told_to_wait_and_others_are_not()
+{
+    let (tenancy, _dir) = tenancy("metrics-rate");
+    let (status, _) = call(&tenancy, "GET", "/v1/metrics", Some(GLOBEX), vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    let response = router(tenancy.clone())
+        .oneshot(
+            Request::get("/v1/metrics")
+                .header(header::AUTHORIZATION, format!("Bearer {GLOBEX}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    let (status, _) = call(&tenancy, "GET", "/v1/metrics", Some(ACME), vec![]).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "acme's metrics are its own to ask for"
+    );
+    for _ in 0..3 {
+        let (status, _) = call(&tenancy, "GET", "/metrics", Some(OPERATOR), vec![]).await;
+        assert_eq!(status, StatusCode::OK, "the operator's are not limited");
+    }
+}
+
 /// `host/openapi.json` is the document the routes make, as they make it now: rewritten by running this test
 /// with `VOICEHOST_WRITE_OPENAPI=1`, and failing otherwise when a handler or a view changed without it.
 #[test]

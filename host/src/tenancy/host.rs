@@ -567,6 +567,11 @@ impl Tenancy {
         self.rates.request(tenant)
     }
 
+    /// Counts a rendering of the tenant's metrics; `Err(wait)` when it had one less than a second ago.
+    pub fn metrics_render(&self, tenant: &str) -> Result<(), Duration> {
+        self.rates.render(tenant)
+    }
+
     /// A slot for one of the tenant's uploads, to hold from before its body is read until its answer.
     pub fn upload_slot(&self, tenant: &str) -> Result<UploadSlot, ServeError> {
         self.uploads

@@ -1,5 +1,6 @@
 //! How often the admin API answers: failed logins per client address (a token cannot be guessed at
-//! speed), and requests per tenant (one tenant's script cannot take the admin API from the others).
+//! speed), requests per tenant (one tenant's script cannot take the admin API from the others), and
+//! renderings of a tenant's metrics (each costs up to 30 KiB and 80 µs per agent).
 //! GCRA buckets from `governor`, keyed; the map of client addresses is bounded.
 
 use governor::clock::{Clock as _, DefaultClock};
@@ -21,8 +22,13 @@ pub(super) struct Rates {
     /// (the limiter itself cannot be asked without counting). At most [`MAX_CLIENTS`].
     refused: Mutex<HashMap<Option<IpAddr>, Instant>>,
     requests: DefaultKeyedRateLimiter<String>,
+    /// Renderings of each tenant's `/v1/metrics`.
+    renders: DefaultKeyedRateLimiter<String>,
     clock: DefaultClock,
 }
+
+/// Renderings of one tenant's metrics per second: scrapers ask every few seconds.
+pub const RENDERS_PER_SECOND: u32 = 1;
 
 impl Rates {
     /// `failed_logins_per_minute` per client address (in a burst, then one per interval), and
@@ -37,6 +43,9 @@ impl Rates {
             requests: DefaultKeyedRateLimiter::keyed(
                 Quota::per_second(per_second).allow_burst(burst),
             ),
+            renders: DefaultKeyedRateLimiter::keyed(Quota::per_second(
+                NonZeroU32::new(RENDERS_PER_SECOND).expect("not zero"),
+            )),
             clock: DefaultClock::default(),
         }
     }
@@ -76,6 +85,13 @@ impl Rates {
     /// Counts a request of `tenant`; `Err(wait)` when it asks faster than it may.
     pub(super) fn request(&self, tenant: &str) -> Result<(), Duration> {
         self.requests
+            .check_key(&tenant.to_string())
+            .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
+    }
+
+    /// Counts a rendering of `tenant`'s metrics; `Err(wait)` when it had one less than a second ago.
+    pub(super) fn render(&self, tenant: &str) -> Result<(), Duration> {
+        self.renders
             .check_key(&tenant.to_string())
             .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
@@ -124,6 +140,15 @@ mod tests {
         }
         assert!(rates.request("acme").is_err());
         assert!(rates.request("globex").is_ok());
+    }
+
+    #[test]
+    fn a_tenants_metrics_are_rendered_once_a_second_at_most_and_anothers_are_not_held_back() {
+        let rates = Rates::new(10, 100);
+        assert!(rates.render("acme").is_ok());
+        let wait = rates.render("acme").unwrap_err();
+        assert!(wait <= Duration::from_secs(1), "{wait:?}");
+        assert!(rates.render("globex").is_ok());
     }
 
     #[test]
