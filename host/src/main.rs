@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use voicehost::agent::Dial;
-use voicehost::agent::{self, Admission, AgentConfig, Gate};
+use voicehost::agent::{self, Admission, AgentConfig};
 use voicehost::agent::{CallRules, FailurePolicy};
 use voicehost::api;
 use voicehost::cli;
+use voicehost::sandbox::budget::Budget;
 use voicehost::sandbox::compiler;
 use voicehost::sandbox::limits::{self, ResolvedLimits};
 use voicehost::sandbox::{HttpPolicy, Origin};
@@ -214,7 +215,9 @@ async fn run(args: RunArgs) -> Result<()> {
         ..CallRules::default()
     };
     let config = AgentConfig {
-        admission: Admission::new(vec![Gate::new(args.max_calls)]),
+        // The pool's slots, one agent's alone (a call of a component with many memories takes more).
+        admission: Admission::new(Vec::new())
+            .with_slots(Budget::new(args.max_calls as u64).share(&args.agent_id)),
         ..AgentConfig::fixed(
             Dial::new(args.url, args.agent_id, api_key),
             code,

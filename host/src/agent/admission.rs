@@ -71,14 +71,15 @@ impl Admission {
         Admission { gates, slots: None }
     }
 
-    /// Each call also takes one slot from `slots` (its tenant's share of the host's pool).
+    /// Each call also takes its slots from `slots` (its tenant's share of the host's pool).
     pub fn with_slots(mut self, slots: Share) -> Admission {
         self.slots = Some(slots);
         self
     }
 
-    /// Room for one more call under every cap and a pool slot, or why not (and nothing taken).
-    pub fn admit(&self) -> Result<Permit, Refusal> {
+    /// Room for one more call under every cap and `pool_slots` slots of the pool (what one call of its
+    /// code takes), or why not (and nothing taken).
+    pub fn admit(&self, pool_slots: u32) -> Result<Permit, Refusal> {
         for (at, gate) in self.gates.iter().enumerate() {
             if !gate.enter() {
                 for entered in &self.gates[..at] {
@@ -90,13 +91,13 @@ impl Admission {
         // Built now, so that a refused slot gives the caps back as the permit's drop does.
         let mut permit = Permit {
             gates: self.gates.clone(),
-            slot: None,
+            slots: None,
         };
         if let Some(slots) = &self.slots {
-            if !slots.take(1) {
+            if !slots.take(u64::from(pool_slots)) {
                 return Err(Refusal::HostFull);
             }
-            permit.slot = Some(slots.clone());
+            permit.slots = Some((slots.clone(), pool_slots));
         }
         Ok(permit)
     }
@@ -106,7 +107,7 @@ impl Admission {
 #[derive(Debug)]
 pub struct Permit {
     gates: Vec<Arc<Gate>>,
-    slot: Option<Share>,
+    slots: Option<(Share, u32)>,
 }
 
 impl Drop for Permit {
@@ -114,8 +115,8 @@ impl Drop for Permit {
         for gate in &self.gates {
             gate.leave();
         }
-        if let Some(slot) = &self.slot {
-            slot.give(1);
+        if let Some((share, slots)) = &self.slots {
+            share.give(u64::from(*slots));
         }
     }
 }
@@ -130,22 +131,22 @@ mod tests {
         let agent = Gate::new(1);
         let other_agent = Admission::new(vec![tenant.clone()]);
         let admission = Admission::new(vec![tenant.clone(), agent.clone()]);
-        let first = admission.admit().expect("room for one");
+        let first = admission.admit(1).expect("room for one");
         assert_eq!(
-            admission.admit().unwrap_err(),
+            admission.admit(1).unwrap_err(),
             Refusal::OverCap,
             "the agent's cap is 1"
         );
         assert_eq!(tenant.live(), 1, "a refused call takes no room");
-        let second = other_agent.admit().expect("the tenant has room for two");
-        assert!(other_agent.admit().is_err(), "the tenant's cap is 2");
+        let second = other_agent.admit(1).expect("the tenant has room for two");
+        assert!(other_agent.admit(1).is_err(), "the tenant's cap is 2");
         drop(second);
         agent.set_cap(2);
-        let third = admission.admit().expect("the agent's cap is 2 now");
+        let third = admission.admit(1).expect("the agent's cap is 2 now");
         drop(third);
         drop(first);
         assert_eq!((tenant.live(), agent.live()), (0, 0));
-        assert!(admission.admit().is_ok());
+        assert!(admission.admit(1).is_ok());
     }
 
     #[test]
@@ -155,22 +156,32 @@ mod tests {
         let tenant = Gate::new(10);
         let globex = Admission::new(vec![tenant.clone()]).with_slots(pool.share("globex"));
         let acme = Admission::new(vec![]).with_slots(pool.share("acme"));
-        let first = globex.admit().expect("the slot nobody reserved");
-        assert_eq!(globex.admit().unwrap_err(), Refusal::HostFull);
+        let first = globex.admit(1).expect("the slot nobody reserved");
+        assert_eq!(globex.admit(1).unwrap_err(), Refusal::HostFull);
         assert_eq!(
             tenant.live(),
             1,
             "the refused call holds no room under its tenant's cap"
         );
-        let reserved = acme.admit().expect("acme's reserved slot");
+        let reserved = acme.admit(1).expect("acme's reserved slot");
         drop((first, reserved));
         assert_eq!((pool.used(), tenant.live()), (0, 0));
+        // A call of a component with more memories or tables than a slot holds takes more slots.
+        assert_eq!(
+            globex.admit(2).unwrap_err(),
+            Refusal::HostFull,
+            "one unreserved slot"
+        );
+        let wide = acme.admit(2).expect("acme's slot and the unreserved one");
+        assert_eq!(pool.used(), 2);
+        drop(wide);
+        assert_eq!(pool.used(), 0);
     }
 
     #[test]
     fn no_caps_admit_every_call() {
         let admission = Admission::default();
-        let permits: Vec<_> = (0..1000).map(|_| admission.admit()).collect();
+        let permits: Vec<_> = (0..1000).map(|_| admission.admit(1)).collect();
         assert!(permits.iter().all(Result::is_ok));
     }
 }

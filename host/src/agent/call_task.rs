@@ -433,12 +433,15 @@ impl Task {
                     Outcome::Ok => {}
                     Outcome::Failed(message) => {
                         stats.handler_errors.inc();
-                        tracing::warn!(
-                            session = self.session_id,
-                            handler = event.name(),
-                            error = message,
-                            "the handler failed"
-                        );
+                        // A guest failing every frame would log 50 lines a second.
+                        if instance.may_log() {
+                            tracing::warn!(
+                                session = self.session_id,
+                                handler = event.name(),
+                                error = message,
+                                "the handler failed"
+                            );
+                        }
                     }
                     Outcome::Trapped { kind, report } => {
                         stats.trap(kind);

@@ -401,7 +401,7 @@ impl Agent {
                     shared.wakers.insert(key, waker.clone());
                     // The version active now serves the whole call, even if another is activated meanwhile.
                     let deployment = self.deployment.borrow().clone();
-                    let permit = self.admission.admit();
+                    let permit = self.admission.admit(deployment.code.pool_slots());
                     tracing::info!(
                         session = start.session_id,
                         version = deployment.version,

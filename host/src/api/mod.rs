@@ -495,16 +495,16 @@ async fn tenant_metrics(State(tenancy): State<Arc<Tenancy>>, Tenant(tenant): Ten
 /// The metrics of `tenant`'s agents (every agent's and the host's when `None`), rendered on a blocking
 /// thread (about 80 µs per agent); a tenant's once a second at most.
 async fn rendered(tenancy: &Arc<Tenancy>, tenant: Option<&str>) -> Response {
+    if let Some(Err(wait)) = tenant.map(|tenant| tenancy.metrics_render(tenant)) {
+        return ApiError::busy(
+            "this tenant's metrics were rendered less than a second ago: ask again after \
+             `Retry-After`",
+            wait,
+        )
+        .into_response();
+    }
     let mut stats = tenancy.stats();
     if let Some(tenant) = tenant {
-        if let Err(wait) = tenancy.metrics_render(tenant) {
-            return ApiError::busy(
-                "this tenant's metrics were rendered less than a second ago: ask again after \
-                 `Retry-After`",
-                wait,
-            )
-            .into_response();
-        }
         stats.retain(|(owner, _, _)| owner == tenant);
     }
     let (host, operator) = (tenancy.clone(), tenant.is_none());

@@ -13,14 +13,16 @@ use wasmtime::{Config, InstanceAllocationStrategy, PoolingAllocationConfig};
 pub(super) fn config(max_calls: Option<usize>) -> Config {
     let mut config = Config::new();
     config.epoch_interruption(true);
+    // Pages are 64 KiB (`AgentCode`'s memory checks count on it), and wasmtime pairs every
+    // `memory_grow_failed` with a `memory_growing` only without custom page sizes.
+    config.wasm_custom_page_sizes(false);
     let Some(max_calls) = max_calls else {
         config.parallel_compilation(false);
         return config;
     };
-    // The shared pool: room for `max_calls` instances (checked by `limits::check_max_calls`, which
-    // states the address space it reserves). A component over the per-component maxima is refused at
-    // upload; under them, one tenant's calls (`max_sessions`, 100 by default) hold at most 3,200 core
-    // instances, 400 memories and 800 tables.
+    // The shared pool: room for `max_calls` slots (checked by `limits::check_max_calls`, which states the
+    // address space it reserves). A component over the per-component maxima is refused at upload; under
+    // them, a call takes `limits::pool_slots` slots, so the calls admitted always fit.
     let calls = max_calls as u32;
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(calls);

@@ -10,9 +10,10 @@
 //! slowed (its own queues fill, then shed, as the limits say), and its neighbours wait at most a few
 //! ticks for a worker.
 //!
-//! What a call's polls take is what its CPU deadline counts ([`Share::used`]): the guest's own code and
-//! the host's work inside its imports (copying a large list out of it), never the time it waits for a
-//! worker, for Sent or for HTTP. (The guests' threads keep the host's priority: a lower one starved every
+//! What a call's polls take is what its CPU deadline counts ([`Share::used`]): the guest's own code, the
+//! host's work inside its imports (copying a large list out of it) and for its HTTP requests in their
+//! own tasks (TLS, HTTP, reading the body: [`charged`]), never the time it waits for a worker, for Sent or
+//! for the network. (The guests' threads keep the host's priority: a lower one starved every
 //! call's guest, the light ones too, on a machine shared with other processes.)
 
 use std::future::Future;
@@ -58,23 +59,54 @@ pub(super) fn contended() -> bool {
 }
 
 /// What one call's handler calls have used of the guest CPU. Shared by the call's successive instances.
+/// Host work charged between two handler calls (an HTTP request's, in its own task) counts toward the
+/// next one: the guest cannot start requests and return to have their work go uncounted.
 #[derive(Clone, Default)]
-pub(super) struct Share(Arc<AtomicU64>);
+pub(super) struct Share(Arc<Counts>);
+
+#[derive(Default)]
+struct Counts {
+    /// Everything charged, in nanoseconds.
+    total: AtomicU64,
+    /// `total` when the running handler call began to count.
+    start: AtomicU64,
+    /// `total` when the last handler call (or instantiation) ended.
+    ended: AtomicU64,
+}
 
 impl Share {
     /// The guest time the running handler call (or instantiation) has used, in nanoseconds.
     pub(super) fn used(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        let counts = &self.0;
+        let total = counts.total.load(Ordering::Relaxed);
+        total.saturating_sub(counts.start.load(Ordering::Relaxed))
     }
 
-    /// A new handler call: nothing used yet.
+    /// A new handler call: it starts with what was charged since the last one ended.
     pub(super) fn restart(&self) {
-        self.0.store(0, Ordering::Relaxed);
+        let counts = &self.0;
+        let ended = counts.ended.load(Ordering::Relaxed);
+        counts.start.store(ended, Ordering::Relaxed);
+    }
+
+    fn finish(&self) {
+        let counts = &self.0;
+        let total = counts.total.load(Ordering::Relaxed);
+        counts.ended.store(total, Ordering::Relaxed);
     }
 
     fn charge(&self, spent: Duration) {
         let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
-        self.0.fetch_add(nanos, Ordering::Relaxed);
+        self.0.total.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+/// Marks the end of a handler call (or instantiation) when dropped, however it ended.
+struct Finished<'a>(&'a Share);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.finish();
     }
 }
 
@@ -94,9 +126,22 @@ impl Drop for InGuest {
     }
 }
 
-/// Runs `guest` (a future that runs guest code), charging the time of each of its polls to `share`.
+/// Runs `guest` (a handler call or an instantiation: guest code), charging the time of each of its polls
+/// to `share`; what is charged after it ends counts toward the next.
 pub(super) async fn run<F: Future>(share: &Share, guest: F) -> F::Output {
-    let mut guest = std::pin::pin!(guest);
+    let _finished = Finished(share);
+    metered(share, guest).await
+}
+
+/// [`run`], owning its share, for host work done for a guest in a task of its own (its HTTP requests):
+/// charged to the handler call running, or the next one.
+pub(super) async fn charged<F: Future>(share: Share, work: F) -> F::Output {
+    metered(&share, work).await
+}
+
+/// Charges the time of each of `work`'s polls to `share`.
+async fn metered<F: Future>(share: &Share, work: F) -> F::Output {
+    let mut guest = std::pin::pin!(work);
     std::future::poll_fn(|cx| {
         let _in_guest = InGuest::enter();
         let started = Instant::now();
@@ -128,6 +173,23 @@ mod tests {
         assert!(used >= spin && used < Duration::from_millis(50), "{used:?}");
         share.restart();
         assert_eq!(share.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn host_work_charged_between_two_handler_calls_counts_toward_the_next() {
+        let share = Share::default();
+        share.restart();
+        run(&share, async {}).await;
+        // A request's work, in its own task, after the handler returned.
+        charged(share.clone(), async {
+            std::thread::sleep(Duration::from_millis(5));
+        })
+        .await;
+        share.restart();
+        assert!(share.used() >= 5_000_000, "{}", share.used());
+        run(&share, async {}).await;
+        share.restart();
+        assert!(share.used() < 5_000_000, "counted once: {}", share.used());
     }
 
     #[tokio::test]

@@ -251,10 +251,19 @@ impl Sandbox {
             .and_then(bindings::AgentPre::new)
             .map_err(|e| LoadError::WrongWorld(format!("without wasi:http: {}", detail(e))))?;
         // Wasm pages are 64 KiB (the custom-page-sizes proposal is not enabled).
-        let least_memory_bytes = component
-            .resources_required()
+        let needs = component.resources_required();
+        let least_memory_bytes = needs
+            .as_ref()
             .and_then(|needs| needs.max_initial_memory_size)
             .map_or(0, |pages| pages.saturating_mul(64 << 10));
+        // Unknown when the component instantiates a module it imports: as many as it may have.
+        let pool_slots = match &needs {
+            Some(needs) => limits::pool_slots(needs.num_memories, needs.num_tables),
+            None => limits::pool_slots(
+                limits::MAX_MEMORIES_PER_COMPONENT,
+                limits::MAX_TABLES_PER_COMPONENT,
+            ),
+        };
         let image = component.image_range();
         Ok(AgentCode {
             form: Form::Wasm {
@@ -265,6 +274,7 @@ impl Sandbox {
             cached: from_cache,
             least_memory_bytes,
             compiled_bytes: (image.end.addr() - image.start.addr()) as u64,
+            pool_slots,
         })
     }
 
@@ -469,6 +479,7 @@ pub struct AgentCode {
     cached: bool,
     least_memory_bytes: u64,
     compiled_bytes: u64,
+    pool_slots: u32,
 }
 
 /// What an agent's calls run: its component, or host code (see [`super::native`]).
@@ -493,7 +504,13 @@ impl AgentCode {
             cached: false,
             least_memory_bytes: 0,
             compiled_bytes: 0,
+            pool_slots: 1,
         }
+    }
+
+    /// The slots of the shared pool one call of this code takes (see [`limits::pool_slots`]).
+    pub fn pool_slots(&self) -> u32 {
+        self.pool_slots
     }
 
     /// Whether the compiled code came from the cache rather than a compilation.

@@ -62,6 +62,13 @@ pub fn clip(text: &str) -> &str {
 }
 
 impl GuestOutput {
+    /// Whether a line the host logs because of the guest (a handler's error) has room in the call's
+    /// rate; counted as one of the guest's lines either way.
+    pub(super) fn admit(&self) -> bool {
+        let mut state = self.shared.lock();
+        self.shared.admit(&mut state)
+    }
+
     /// A line from the `log` import.
     pub(super) fn log(&self, level: Level, message: &str) {
         let mut state = self.shared.lock();
@@ -92,20 +99,27 @@ impl OutputShared {
 
     /// One line, if the second it falls in has room for it.
     fn emit(&self, state: &mut OutputState, level: Level, line: &str) {
+        if self.admit(state) {
+            self.imports.log(level, line);
+        }
+    }
+
+    /// Whether the second a line falls in has room for it; counts it if so, else counts it dropped.
+    fn admit(&self, state: &mut OutputState) -> bool {
         if state.window.elapsed() >= Duration::from_secs(1) {
             state.window = Instant::now();
             state.lines = 0;
         }
         state.lines += 1;
         if state.lines <= self.per_second {
-            self.imports.log(level, line);
-            return;
+            return true;
         }
         self.imports.log_dropped();
         if !self.warned.swap(true, Ordering::Relaxed) {
             self.imports
                 .log(Level::Warn, "guest log over its rate limit: dropping lines");
         }
+        false
     }
 }
 

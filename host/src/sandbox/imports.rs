@@ -55,7 +55,8 @@ impl HostState {
         HostState {
             wasi,
             http,
-            http_hooks: PolicyHooks::new(limits.http.clone(), imports.info().session_id),
+            http_hooks: PolicyHooks::new(limits.http.clone(), imports.info().session_id)
+                .charged_to(cpu.clone()),
             table,
             imports,
             output,

@@ -200,12 +200,19 @@ async fn instantiate(
         Ok(agent) => Ok(Live::Wasm(store, agent)),
         Err(error) => Err(Unmade {
             kind: classify(&error, store.data().memory_hit),
-            cause: format!("{error:#}"),
+            // With its causes, which may hold the guest's own names: a log line's length at most.
+            cause: clip(&format!("{error:#}")).to_string(),
         }),
     }
 }
 
 impl Instance {
+    /// Whether the host may log a line the guest caused (its handler's error): such lines share the
+    /// call's `log_lines_per_second` with the guest's own, and past it are dropped and counted.
+    pub fn may_log(&self) -> bool {
+        self.output.admit()
+    }
+
     /// Calls the handler for `event`. A trap replaces the instance; the caller then delivers
     /// [`Event::Restart`].
     pub async fn call(&mut self, event: &Event) -> Outcome {

@@ -85,15 +85,25 @@ pub const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// What one component may instantiate, as the pooling allocator counts it: core module instances, linear
 /// memories and tables. Measured (issue 11): a Rust agent has 3 instances, 1 memory and 2 tables;
 /// componentize-py's Python 14, 1 and 2; componentize-qjs's QuickJS 9, 2 and 2; StarlingMonkey 4, 1 and 2.
-/// A component over any of these is refused when it is uploaded. With a tenant's `max_sessions` at its
-/// default (100) and `max_calls` at its (1,000), one tenant's calls can take at most a third of the shared
-/// pool's core instances and a fifth of its memories and tables (see `compile_input.rs`), whatever its
-/// components are built to use; a smaller `max_calls` leaves it a larger share.
+/// A component over any of these is refused when it is uploaded. The pool holds, per slot of `max_calls`,
+/// this many core instances (a count, no memory), [`MEMORIES_PER_CALL`] memories and [`TABLES_PER_CALL`]
+/// tables: a call of a component that declares more memories or tables takes more slots
+/// ([`pool_slots`]), so that every slot admitted has its room in the pool whoever holds the others.
 pub const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 32;
 /// See [`MAX_CORE_INSTANCES_PER_COMPONENT`].
 pub const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
 /// See [`MAX_CORE_INSTANCES_PER_COMPONENT`].
 pub const MAX_TABLES_PER_COMPONENT: u32 = 8;
+
+/// The pool slots (of `max_calls`) one call of a component with `memories` memories and `tables` tables
+/// takes: 1 for every agent measured (QuickJS has 2 memories, Python 2 tables), up to 2 at the
+/// per-component maxima.
+pub fn pool_slots(memories: u32, tables: u32) -> u32 {
+    memories
+        .div_ceil(MEMORIES_PER_CALL)
+        .max(tables.div_ceil(TABLES_PER_CALL))
+        .max(1)
+}
 
 /// Live calls one host holds at once by default (`max_calls`): the size of the shared instance pool.
 pub const MAX_CALLS: usize = 1_000;
@@ -107,8 +117,9 @@ pub const MAX_CALLS_CAP: usize = 12_000;
 pub const MEMORIES_PER_CALL: u32 = 2;
 /// Table slots per call in the pool: every agent measured has two.
 pub const TABLES_PER_CALL: u32 = 4;
-/// Core instances per call in the pool: a Rust agent has 3, QuickJS 9, Python 14.
-pub const CORE_INSTANCES_PER_CALL: u32 = 10;
+/// Core instances per call in the pool: as many as a component may have (a Rust agent has 3, QuickJS 9,
+/// Python 14); the pool only counts them.
+pub const CORE_INSTANCES_PER_CALL: u32 = MAX_CORE_INSTANCES_PER_COMPONENT;
 
 /// Why `max_calls` cannot be used, if it cannot.
 pub fn check_max_calls(max_calls: usize) -> Result<(), LimitError> {
@@ -122,8 +133,8 @@ pub fn check_max_calls(max_calls: usize) -> Result<(), LimitError> {
 }
 
 /// The guests' linear memory across every call when the config sets no `guest_memory_mib`: three quarters
-/// of the memory this process may use (the machine's, or its cgroup's limit when lower), leaving the
-/// rest to the host's own work (connections, buffers, compiled code); 4 GiB when neither can be read.
+/// of the memory this process may use (the machine's, or its cgroups' limit when lower), leaving the rest
+/// to the host's own work (connections, buffers, compiled code); 4 GiB when neither can be read.
 pub fn default_guest_memory_mib() -> u64 {
     let machine = std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -132,17 +143,53 @@ pub fn default_guest_memory_mib() -> u64 {
             let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
             Some(kib << 10)
         });
-    // cgroup v2's limit ("max" when there is none), as a container runtime sets it.
-    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
-        .ok()
-        .and_then(|text| text.trim().parse::<u64>().ok());
-    let bytes = match (machine, cgroup) {
+    let bytes = match (machine, cgroup_memory_limit()) {
         (Some(m), Some(c)) => m.min(c),
         (Some(m), None) => m,
         (None, Some(c)) => c,
         (None, None) => 4 << 30,
     };
     ((bytes / 4 * 3) >> 20).max(16)
+}
+
+/// The smallest memory limit of the cgroups this process is in, from its own up to the root of the
+/// hierarchy (a container's, or a systemd service's `MemoryMax=`): cgroup v2's `memory.max`, or v1's
+/// `memory.limit_in_bytes`. `None` when none is set or readable.
+fn cgroup_memory_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mut least: Option<u64> = None;
+    for line in text.lines() {
+        // v2: `0::/path`; v1: `N:memory:/path` (the controllers may be listed together).
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let (root, file) = if controllers.is_empty() {
+            ("/sys/fs/cgroup", "memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        let root = std::path::Path::new(root);
+        let mut dir = root.join(path.trim_start_matches('/'));
+        loop {
+            // "max" (v2), or a number near 2^63 (v1), when there is no limit: not a number, or above
+            // the machine's memory anyway.
+            let limit = std::fs::read_to_string(dir.join(file))
+                .ok()
+                .and_then(|text| text.trim().parse::<u64>().ok());
+            if let Some(limit) = limit {
+                least = Some(least.map_or(limit, |least| least.min(limit)));
+            }
+            if dir == root || !dir.pop() {
+                break;
+            }
+        }
+    }
+    least
 }
 
 /// Component-model handles an instance may hold at once (to host resources and its own): a guest makes
@@ -229,6 +276,21 @@ pub const RANGES: [(&str, u64, u64, &str); 6] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_guest_memory_is_three_quarters_of_what_the_process_may_use_at_most() {
+        let total_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+            .unwrap();
+        let mib = default_guest_memory_mib();
+        assert!(
+            (16..=(total_kib >> 10) / 4 * 3 + 1).contains(&mib),
+            "{mib} MiB"
+        );
+    }
 
     #[test]
     fn the_defaults_pass_their_own_check() {

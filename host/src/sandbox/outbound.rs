@@ -18,6 +18,7 @@
 //! byte before the last one, and the host holds up to `max_response_bytes` per open response; a call has at
 //! most [`MAX_OPEN_REQUESTS`] requests and unread responses at once.
 
+use super::cpu::{charged, Share as CpuShare};
 use super::egress::{self, Reach};
 use super::limits::{self, HTTP_BODY_CHUNK_BYTES};
 use http_body_util::BodyExt;
@@ -349,6 +350,10 @@ pub struct PolicyHooks {
     policy: Arc<HttpPolicy>,
     open: Arc<AtomicUsize>,
     refusals: Arc<Refusals>,
+    /// The call's guest CPU, which the host's work for its requests (the lookup's answer, TLS, HTTP,
+    /// reading the body) is charged to, as the guest's own code is: wasmtime-wasi-http polls a request in
+    /// a task of its own, outside the guest's polls.
+    cpu: Option<CpuShare>,
 }
 
 /// The log of an instance's refused requests: the first at warn, the rest at debug, so that a guest
@@ -391,7 +396,14 @@ impl PolicyHooks {
                 session: session.into(),
                 warned: Default::default(),
             }),
+            cpu: None,
         }
+    }
+
+    /// The host's work for the requests is charged to `cpu`, the call's guest CPU.
+    pub(super) fn charged_to(mut self, cpu: CpuShare) -> PolicyHooks {
+        self.cpu = Some(cpu);
+        self
     }
 
     /// Where `request` goes, if it may go out: its scheme, host and port must be an allowed origin.
@@ -485,7 +497,20 @@ impl WasiHttpHooks for PolicyHooks {
         };
         let policy = self.policy.clone();
         let refusals = self.refusals.clone();
-        Box::new(send(request, options, policy, target, refusals, slot))
+        let cpu = self.cpu.clone();
+        let sending = send(
+            request,
+            options,
+            policy,
+            target,
+            refusals,
+            slot,
+            cpu.clone(),
+        );
+        match cpu {
+            Some(cpu) => Box::new(charged(cpu, sending)),
+            None => Box::new(sending),
+        }
     }
 }
 
@@ -496,6 +521,7 @@ async fn send(
     target: Target,
     refusals: Arc<Refusals>,
     slot: Slot,
+    cpu: Option<CpuShare>,
 ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
     let guest = options.unwrap_or_default();
     // One deadline for the lookup, the connection, TLS and HTTP's handshake together.
@@ -520,7 +546,8 @@ async fn send(
             refused,
         )
         .await?;
-        let (response, io) = exchange(request, stream, &target, connected_by, first_byte).await?;
+        let (response, io) =
+            exchange(request, stream, &target, connected_by, first_byte, cpu).await?;
         let bodiless = head
             || response.status().is_informational()
             || response.status() == StatusCode::NO_CONTENT
@@ -561,6 +588,7 @@ async fn exchange(
     target: &Target,
     connected_by: tokio::time::Instant,
     first_byte: Duration,
+    cpu: Option<CpuShare>,
 ) -> Result<(http::Response<hyper::body::Incoming>, IoFuture), Error> {
     let stream: Box<dyn Stream> = if target.tls {
         let name = match egress::literal(&target.host) {
@@ -583,7 +611,11 @@ async fn exchange(
     )
     .await
     .map_err(|_| Error::ConnectionTimeout)??;
-    let io = wasmtime_wasi::runtime::spawn(async move { connection.await.map_err(Error::from) });
+    let connection = async move { connection.await.map_err(Error::from) };
+    let io = match cpu {
+        Some(cpu) => wasmtime_wasi::runtime::spawn(charged(cpu, connection)),
+        None => wasmtime_wasi::runtime::spawn(connection),
+    };
     // The request line carries the path only: the scheme and authority went into the connection (and
     // the `Host` header, which wasmtime-wasi-http sets).
     let path = request
@@ -687,6 +719,45 @@ impl Body for Buffered {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_hosts_work_for_a_guests_request_is_charged_to_its_calls_cpu() {
+        // A server answering one request with 256 KiB, written in small pieces.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 1024];
+            let _ = socket.read(&mut head).await;
+            let body = 256 << 10;
+            let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {body}\r\n\r\n");
+            socket.write_all(answer.as_bytes()).await.unwrap();
+            for _ in 0..body / 512 {
+                socket.write_all(&[b'x'; 512]).await.unwrap();
+            }
+        });
+        let policy = HttpPolicy {
+            allow: vec![origin(&format!("http://127.0.0.1:{port}"))],
+            ..HttpPolicy::default()
+        };
+        let cpu = CpuShare::default();
+        let mut hooks = PolicyHooks::new(Arc::new(policy), "s").charged_to(cpu.clone());
+        let request = http::Request::get(format!("http://127.0.0.1:{port}/"))
+            .body(
+                http_body_util::Empty::new()
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            )
+            .unwrap();
+        let sending = hooks.send_request(request, None, Box::new(async { Ok(()) }));
+        let (response, _io) = Box::into_pin(sending).await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(
+            cpu.used() > 0,
+            "connecting and reading 256 KiB cost the call's CPU nothing"
+        );
+    }
 
     fn origin(text: &str) -> Origin {
         Origin::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"))

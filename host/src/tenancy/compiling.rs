@@ -53,8 +53,9 @@ impl PerTenant {
 }
 
 /// Compile time each tenant may take: `per_hour` seconds of a slot, as a balance that refills
-/// continuously up to `per_hour`. A compile is charged once it ends, so a balance may go below zero by
-/// one compile (at most its deadline); the tenant's next compile waits until it is above zero again.
+/// continuously up to `per_hour`. A compile is charged once it ends, and the balance is checked when a
+/// compile is asked for and again when the tenant's previous compile has ended, so a balance goes below
+/// zero by one compile at most (its deadline); the tenant's next compile waits until it is above zero.
 struct CompileTime {
     per_hour: Duration,
     /// Each tenant's balance, in seconds, and when it was last brought up to date.
@@ -158,6 +159,10 @@ impl CompileQueue {
             .acquire_owned()
             .await
             .expect("never closed");
+        // Again: the tenant's compile before this one, charged as its turn ended, may have spent it.
+        if payer == Payer::Tenant {
+            self.time.check(tenant)?;
+        }
         let slot = self
             .slots
             .clone()
@@ -302,5 +307,21 @@ mod tests {
             queue.turn("a", Payer::Host).await.is_ok(),
             "what the host compiles is never refused"
         );
+    }
+
+    #[tokio::test]
+    async fn a_compile_that_waited_behind_its_tenants_last_one_is_refused_if_that_one_spent_the_time(
+    ) {
+        let queue = Arc::new(CompileQueue::new(2, Duration::from_secs(36)));
+        let first = queue.turn("a", Payer::Tenant).await.unwrap();
+        // Asked while the balance was still full: it waits for a's first compile.
+        let waiting = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.turn("a", Payer::Tenant).await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        queue.time.charge("a", Duration::from_secs(40));
+        drop(first);
+        assert!(waiting.await.unwrap().is_err(), "it went past the balance");
     }
 }

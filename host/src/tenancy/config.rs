@@ -535,6 +535,15 @@ impl Tenant {
             .unwrap_or_else(|| self.limits.clone())
     }
 
+    /// The most linear memory one of its calls may have: its agents' largest `memory_mib`, in bytes.
+    pub fn largest_memory_bytes(&self) -> u64 {
+        self.agent_limits
+            .values()
+            .map(|l| l.memory_mib)
+            .fold(self.limits.memory_mib, u64::max)
+            << 20
+    }
+
     /// The agent's own cap on concurrent calls, when it has one.
     pub fn agent_session_cap(&self, agent: &str) -> Option<usize> {
         self.agent_limits.get(agent).map(|l| l.max_sessions)
@@ -847,23 +856,23 @@ impl ServeConfig {
                 tenant.reserved_calls,
                 limits.max_sessions
             );
-            let largest_memory_mib = agent_limits
-                .values()
-                .map(|l| l.memory_mib)
-                .fold(limits.memory_mib, u64::max);
-            tenants.push(Tenant {
+            let mut resolved = Tenant {
                 id: id.clone(),
                 token,
                 api_key: ApiKey::new(api_key),
                 reserved_calls: tenant.reserved_calls,
-                reserved_memory: (tenant.reserved_calls as u64) * (largest_memory_mib << 20),
+                reserved_memory: 0,
                 limits,
                 agent_limits,
                 http: Arc::new(http),
                 quota,
-            });
+            };
+            // At most 100,000 calls of 1 GiB each: no overflow.
+            resolved.reserved_memory =
+                tenant.reserved_calls as u64 * resolved.largest_memory_bytes();
+            tenants.push(resolved);
         }
-        self.check_reservations(&tenants)?;
+        reservations_fit(&tenants, self.max_calls as u64, self.guest_memory_bytes())?;
         Ok(tenants)
     }
 
@@ -874,30 +883,6 @@ impl ServeConfig {
             << 20
     }
 
-    /// Every tenant's reservations together fit the pool and the guests' memory.
-    fn check_reservations(&self, tenants: &[Tenant]) -> anyhow::Result<()> {
-        let calls: usize = tenants.iter().map(|t| t.reserved_calls).sum();
-        anyhow::ensure!(
-            calls <= self.max_calls,
-            "the tenants' reserved_calls add up to {calls}, over max_calls = {}: lower them or raise \
-             max_calls",
-            self.max_calls
-        );
-        let memory = tenants
-            .iter()
-            .map(|t| t.reserved_memory)
-            .fold(0u64, u64::saturating_add);
-        let budget = self.guest_memory_bytes();
-        anyhow::ensure!(
-            memory <= budget,
-            "the tenants' reserved_calls at their memory_mib add up to {} MiB, over guest_memory_mib = \
-             {}: lower them or raise guest_memory_mib",
-            memory >> 20,
-            budget >> 20
-        );
-        Ok(())
-    }
-
     /// What the tenants may hold together beyond the host's room, in words (none when nothing is
     /// overcommitted): calls past it are refused (`host_full`) or trap (`host_memory`) first come, first
     /// served, outside the reservations.
@@ -905,7 +890,7 @@ impl ServeConfig {
         let sessions: usize = tenants.iter().map(|t| t.limits.max_sessions).sum();
         let memory = tenants
             .iter()
-            .map(|t| (t.limits.max_sessions as u64).saturating_mul(t.limits.memory_mib << 20))
+            .map(|t| (t.limits.max_sessions as u64).saturating_mul(t.largest_memory_bytes()))
             .fold(0u64, u64::saturating_add);
         let mut said = Vec::new();
         if sessions > self.max_calls {
@@ -924,6 +909,29 @@ impl ServeConfig {
         }
         said
     }
+}
+
+/// Whether every tenant's reservations together fit a pool of `slots` and `memory` bytes of guests'
+/// memory (the config's at start; on a reload, what the running host has: both apply from a restart).
+pub fn reservations_fit(tenants: &[Tenant], slots: u64, memory: u64) -> anyhow::Result<()> {
+    let calls: u64 = tenants.iter().map(|t| t.reserved_calls as u64).sum();
+    anyhow::ensure!(
+        calls <= slots,
+        "the tenants' reserved_calls add up to {calls}, over max_calls = {slots}: lower them or raise \
+         max_calls (a new max_calls applies from a restart)"
+    );
+    let reserved = tenants
+        .iter()
+        .map(|t| t.reserved_memory)
+        .fold(0u64, u64::saturating_add);
+    anyhow::ensure!(
+        reserved <= memory,
+        "the tenants' reserved_calls at their memory_mib add up to {} MiB, over guest_memory_mib = \
+         {}: lower them or raise guest_memory_mib (a new guest_memory_mib applies from a restart)",
+        reserved >> 20,
+        memory >> 20
+    );
+    Ok(())
 }
 
 fn parse_hash(hex: &str) -> Option<[u8; 32]> {

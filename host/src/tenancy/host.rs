@@ -4,7 +4,7 @@
 //! lock; serving calls never takes it.
 
 use super::compiling::{CompileQueue, Payer, Turn, UploadSlots};
-use super::config::{ServeConfig, Tenant, TokenHash};
+use super::config::{reservations_fit, ServeConfig, Tenant, TokenHash};
 use super::quota::{Quota, Usage};
 use super::rates::Rates;
 use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, StoreError, VersionRecord};
@@ -407,6 +407,9 @@ impl Tenancy {
     /// listener, the Sent URL and the connections per agent need a restart.
     pub async fn reload(self: &Arc<Tenancy>, config: &ServeConfig) -> anyhow::Result<()> {
         let fresh = config.tenants()?;
+        // The pool and the guests' memory keep their size until a restart: the reservations must fit
+        // what the host has.
+        reservations_fit(&fresh, self.slots.capacity(), self.memory.capacity())?;
         let metrics_token = config.metrics_token()?;
         for overcommitted in config.overcommitted(&fresh) {
             tracing::warn!("{overcommitted}: past the host's room, calls are refused (host_full) or trap (host_memory), outside what reserved_calls keeps for a tenant");

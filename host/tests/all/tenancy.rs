@@ -460,6 +460,37 @@ async fn a_tenants_reserved_calls_stay_free_while_a_neighbour_fills_the_rest_of_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reserving_more_than_the_running_pool_holds_is_refused_and_changes_nothing() {
+    let hosting =
+        Hosting::start_with("reserve-reload", "max_calls = 2", "reserved_calls = 1").await;
+    // The new file has no max_calls (1000 by default), which only a restart would apply: 5 reserved
+    // fit the file, not the pool the host runs with.
+    let tenants = format!(
+        "{}reserved_calls = 5\n{}",
+        hosting.tenant("acme", ACME_TOKEN),
+        hosting.tenant("globex", GLOBEX_TOKEN)
+    );
+    let error = format!("{:#}", hosting.reload(&tenants).await.unwrap_err());
+    assert!(
+        error.contains("reserved_calls add up to 5, over max_calls = 2"),
+        "{error}"
+    );
+    // Still one slot for globex and one kept for acme.
+    hosting
+        .deploy(GLOBEX_TOKEN, "agent_globex", "conformance")
+        .await;
+    let globex = hosting.connection("agent_globex").await;
+    let mut first = globex.start_text();
+    first
+        .expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
+    globex.start_text().expect_tool("hangup").await.unwrap();
+    first.end("completed");
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_growing_into_memory_another_tenant_reserved_traps_and_that_tenant_still_gets_it() {
     // 40 MiB of guest memory for the host: 16 are acme's (one call at 16 MiB), 24 are nobody's.
     let hosting = Hosting::start_with(
@@ -663,6 +694,30 @@ async fn a_guest_logging_over_its_rate_drops_the_excess_and_counts_it() {
     );
     // 5 a second pass; a handler that happens to straddle a second's boundary lets 5 more through.
     assert!((30.0..=35.0).contains(&dropped), "dropped {dropped}");
+    call.end("completed");
+    hosting.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guests_handler_errors_are_logged_within_its_calls_log_rate_and_all_counted() {
+    let hosting = Hosting::start("error-rate", "[tenants.limits]\nlog_lines_per_second = 2").await;
+    hosting.deploy(ACME_TOKEN, "agent_acme", "prober").await;
+    let mut call = hosting.connection("agent_acme").await.start_text();
+    call.expect_say("Hello from the prober.").await.unwrap();
+    // 20 handler calls that fail, back to back: each logs a line of its own and makes the host log one.
+    for _ in 0..20 {
+        call.say("fail");
+    }
+    let text = until_metrics(&hosting, "every failure is counted", |t| {
+        t.contains(&format!("voicehost_handler_errors_total{{{ACME}}} 20"))
+    })
+    .await;
+    let dropped = metric(
+        &text,
+        &format!("voicehost_guest_log_dropped_total{{{ACME}}}"),
+    );
+    // 40 lines at 2 a second: the guest's own 20 alone could drop 18 at most.
+    assert!(dropped >= 25.0, "dropped {dropped}");
     call.end("completed");
     hosting.finish().await;
 }

@@ -20,6 +20,7 @@
 //! | "say N CHARS" | say N utterances of CHARS characters each, numbered from `000000`, without stopping at a refusal; then log how many were refused |
 //! | "say N CHARS TAG" | the same, each utterance starting with `TAG` before its number (`b000003 xxx…`), still CHARS characters in all |
 //! | "wait MS" | wait MS milliseconds of wall time (a host call: no CPU) |
+//! | "fail" | return an error from the handler |
 //! | "tool NAME" | use the tool NAME with no arguments and wait for its answer (whatever it is, the next command runs) |
 //! | "transfer NUMBER" | use the transfer tool to the number (`{"kind":"number","value":NUMBER}`) and wait for its answer |
 //! | "report" | say "accepted TAG:N …": for each "say" of the instance so far, in order, its tag (`-` for none) and how many of its utterances the host took |
@@ -99,6 +100,7 @@ fn run_command(session: &Session, text: &str) -> Result<(), String> {
             let ms = number(words.next());
             std::thread::sleep(std::time::Duration::from_millis(ms.into()));
         }
+        Some("fail") => return Err("failing on purpose".into()),
         Some("say") => {
             let (count, chars) = (number(words.next()), number(words.next()) as usize);
             let tag = words.next().unwrap_or_default();
