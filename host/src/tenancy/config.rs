@@ -918,7 +918,7 @@ pub fn reservations_fit(tenants: &[Tenant], slots: u64, memory: u64) -> anyhow::
     anyhow::ensure!(
         calls <= slots,
         "the tenants' reserved_calls add up to {calls}, over max_calls = {slots}: lower them or raise \
-         max_calls (a new max_calls applies from a restart)"
+         max_calls"
     );
     let reserved = tenants
         .iter()
@@ -927,7 +927,7 @@ pub fn reservations_fit(tenants: &[Tenant], slots: u64, memory: u64) -> anyhow::
     anyhow::ensure!(
         reserved <= memory,
         "the tenants' reserved_calls at their memory_mib add up to {} MiB, over guest_memory_mib = \
-         {}: lower them or raise guest_memory_mib (a new guest_memory_mib applies from a restart)",
+         {}: lower them or raise guest_memory_mib",
         reserved >> 20,
         memory >> 20
     );

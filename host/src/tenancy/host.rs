@@ -409,7 +409,9 @@ impl Tenancy {
         let fresh = config.tenants()?;
         // The pool and the guests' memory keep their size until a restart: the reservations must fit
         // what the host has.
-        reservations_fit(&fresh, self.slots.capacity(), self.memory.capacity())?;
+        reservations_fit(&fresh, self.slots.capacity(), self.memory.capacity()).map_err(|e| {
+            anyhow::anyhow!("{e} (the host runs with the max_calls and guest_memory_mib it started with until a restart)")
+        })?;
         let metrics_token = config.metrics_token()?;
         for overcommitted in config.overcommitted(&fresh) {
             tracing::warn!("{overcommitted}: past the host's room, calls are refused (host_full) or trap (host_memory), outside what reserved_calls keeps for a tenant");

@@ -432,9 +432,10 @@ async fn a_tenant_whose_refused_compiles_used_its_compile_time_waits_and_another
         message.contains("used the 1 s of compile time it gets per hour"),
         "{message}"
     );
-    // globex's compile time is its own.
-    hosting
-        .deploy(GLOBEX_TOKEN, "agent_globex", "conformance")
-        .await;
+    // globex's compile time is its own: its upload is compiled (and refused for its own cost), not
+    // turned away.
+    let (status, answer) = upload(&hosting, GLOBEX_TOKEN, "agent_globex", slow_to_compile()).await;
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["error"]["code"], "over_limits", "{answer}");
     hosting.finish().await;
 }
