@@ -48,6 +48,10 @@ enum Command {
     Token(cli::TokenCommand),
     /// Serve one agent's calls until SIGINT or SIGTERM. The API key comes from SENT_API_KEY or --api-key-file.
     Run(RunArgs),
+    /// Check a component as an upload would, offline: the world, the pool's maxima, the initial memory,
+    /// the compile's cost. Exits 1, saying why (the admin API's code and message), when an upload would
+    /// be refused.
+    Check(cli::CheckArgs),
     /// Compile a component from stdin under limits (what `serve` runs for each upload; not for people).
     #[command(name = "compile-component", hide = true)]
     CompileComponent {
@@ -156,6 +160,9 @@ fn start(command: Command) -> Result<()> {
         Command::Agents(args) => runtime.block_on(cli::run(args)),
         Command::Token(command) => cli::token(command),
         Command::Run(args) => runtime.block_on(run(args)),
+        Command::Check(args) => runtime
+            .block_on(cli::check(args, PathBuf::from("/proc/self/exe")))
+            .map(|report| println!("{report}")),
         Command::CompileComponent { .. } => Ok(()),
     };
     // What is still running (a compile's blocking work, a slow client) does not hold up the exit.

@@ -219,33 +219,47 @@ const RETRY_BUSY: std::time::Duration = std::time::Duration::from_secs(5);
 impl From<ServeError> for ApiError {
     fn from(error: ServeError) -> ApiError {
         let message = error.to_string();
-        let code = match error {
-            ServeError::Busy(_) => return ApiError::busy(message, RETRY_BUSY),
-            ServeError::CompileTimeSpent { wait, .. } => return ApiError::busy(message, wait),
-            ServeError::BadRequest(_) => ErrorCode::BadRequest,
-            ServeError::Load(LoadError::NotWasm) => ErrorCode::NotWasm,
-            ServeError::Load(LoadError::CoreModule) => ErrorCode::CoreModule,
-            ServeError::Load(LoadError::Invalid(_)) => ErrorCode::InvalidComponent,
-            ServeError::Load(LoadError::WrongWorld(_)) => ErrorCode::WrongWorld,
-            ServeError::OverLimits(_)
-            | ServeError::Load(LoadError::TooCostly(_) | LoadError::OverInstanceLimits(_)) => {
-                ErrorCode::OverLimits
-            }
-            ServeError::Registry(RegistryError::NoAgent(_) | RegistryError::NoVersion { .. }) => {
-                ErrorCode::NotFound
-            }
-            ServeError::Registry(RegistryError::Conflict(_)) => ErrorCode::Conflict,
-            ServeError::OverQuota(_) => ErrorCode::OverQuota,
-            ServeError::NoTenant(_) => ErrorCode::Unauthorized,
-            ServeError::Registry(_)
-            | ServeError::Internal(_)
-            | ServeError::Load(LoadError::Compiler(_)) => {
+        match (&error, error_code(&error)) {
+            (ServeError::Busy(_), _) => ApiError::busy(message, RETRY_BUSY),
+            (ServeError::CompileTimeSpent { wait, .. }, _) => ApiError::busy(message, *wait),
+            (_, ErrorCode::Internal) => {
                 tracing::error!(error = message, "the admin API failed");
-                return ApiError::new(ErrorCode::Internal, "the host failed; its log says why");
+                ApiError::new(ErrorCode::Internal, "the host failed; its log says why")
             }
-        };
-        ApiError::new(code, message)
+            (_, code) => ApiError::new(code, message),
+        }
     }
+}
+
+/// The code the admin API answers `error` with (its status is the code's): `voicehost check` says the
+/// same of a component as an upload's answer would.
+pub fn error_code(error: &ServeError) -> ErrorCode {
+    match error {
+        ServeError::Busy(_) | ServeError::CompileTimeSpent { .. } => ErrorCode::Busy,
+        ServeError::BadRequest(_) => ErrorCode::BadRequest,
+        ServeError::Load(LoadError::NotWasm) => ErrorCode::NotWasm,
+        ServeError::Load(LoadError::CoreModule) => ErrorCode::CoreModule,
+        ServeError::Load(LoadError::Invalid(_)) => ErrorCode::InvalidComponent,
+        ServeError::Load(LoadError::WrongWorld(_)) => ErrorCode::WrongWorld,
+        ServeError::OverLimits(_)
+        | ServeError::Load(LoadError::TooCostly(_) | LoadError::OverInstanceLimits(_)) => {
+            ErrorCode::OverLimits
+        }
+        ServeError::Registry(RegistryError::NoAgent(_) | RegistryError::NoVersion { .. }) => {
+            ErrorCode::NotFound
+        }
+        ServeError::Registry(RegistryError::Conflict(_)) => ErrorCode::Conflict,
+        ServeError::OverQuota(_) => ErrorCode::OverQuota,
+        ServeError::NoTenant(_) => ErrorCode::Unauthorized,
+        ServeError::Registry(_)
+        | ServeError::Internal(_)
+        | ServeError::Load(LoadError::Compiler(_)) => ErrorCode::Internal,
+    }
+}
+
+/// The answer to an upload over the agent's `component_mib`, of `cap` bytes.
+pub fn too_large_message(cap: u64) -> String {
+    format!("the component is over this tenant's cap of {cap} bytes")
 }
 
 async fn not_found() -> ApiError {
@@ -604,12 +618,7 @@ async fn upload(
         .tenant(&tenant)
         .map(|t| t.agent_limits(&agent_id).component_bytes())
         .unwrap_or(0);
-    let too_large = || {
-        ApiError::new(
-            ErrorCode::TooLarge,
-            format!("the component is over this tenant's cap of {cap} bytes"),
-        )
-    };
+    let too_large = || ApiError::new(ErrorCode::TooLarge, too_large_message(cap));
     let activate = match query.as_deref() {
         None | Some("") | Some("activate=false") => false,
         Some("activate=true") => true,

@@ -1,5 +1,5 @@
 //! `voicehost agents` and `voicehost token`: the operator's side of the admin API of `voicehost serve`
-//! (described in `host/openapi.json`). The client speaks plain HTTP/1.1 over hyper, one request per
+//! (described in `host/openapi.json`); and `voicehost check` (`check.rs`), an agent author's. The client speaks plain HTTP/1.1 over hyper, one request per
 //! connection, and never shows the admin token: not in output, not in an error.
 
 use crate::api::views::{
@@ -248,9 +248,11 @@ fn new_token() -> Result<String> {
     Ok(format!("vh_{}", crate::content::hex(&bytes)))
 }
 
+mod check;
 mod client;
 mod render;
 
+pub use check::{check, CheckArgs};
 use client::*;
 pub use client::{Body, Client};
 pub use render::agents_table;

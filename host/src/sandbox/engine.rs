@@ -508,6 +508,11 @@ impl AgentCode {
         }
     }
 
+    /// The initial size of its largest memory, in bytes.
+    pub fn least_memory_bytes(&self) -> u64 {
+        self.least_memory_bytes
+    }
+
     /// The slots of the shared pool one call of this code takes (see [`limits::pool_slots`]).
     pub fn pool_slots(&self) -> u32 {
         self.pool_slots

@@ -4,6 +4,7 @@
 mod admin_tls;
 mod cache;
 mod chaos;
+mod check;
 mod compiling;
 mod connection;
 mod containment;

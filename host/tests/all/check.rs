@@ -1,0 +1,130 @@
+//! `voicehost check`, as an agent author runs it before uploading: from the agent's own directory, with
+//! relative paths; a component an upload would take is described, one it would refuse gets the admin
+//! API's code and message, and the exit code says which.
+
+use crate::operator::BIN;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use voicehost_testkit::{Hosting, ACME_TOKEN};
+
+/// A fresh directory named `name` holding `files`.
+fn author_dir(name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+    let dir = voicehost_testkit::tmp_dir().join(format!("check-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, bytes) in files {
+        std::fs::write(dir.join(file), bytes).unwrap();
+    }
+    dir
+}
+
+fn check_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("check")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+/// A component importing an interface the host does not provide.
+fn filesystem_component() -> Vec<u8> {
+    wat::parse_str("(component (import \"wasi:filesystem/preopens@0.2.0\" (instance)))").unwrap()
+}
+
+#[test]
+fn a_component_an_upload_would_take_is_described_and_the_check_passes() {
+    let dir = author_dir(
+        "fits",
+        &[("agent.wasm", &voicehost_testkit::guest("conformance"))],
+    );
+    let out = check_in(&dir, &["agent.wasm"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "fits the voicehost:agent world, within the default limits",
+        "of memory_mib = 64",
+        "pool slots    1 per call",
+    ] {
+        assert!(stdout.contains(line), "{line:?} not in\n{stdout}");
+    }
+}
+
+#[test]
+fn a_core_module_is_refused_with_the_admin_apis_code_and_a_failing_exit() {
+    let dir = author_dir("core", &[("agent.wasm", b"\0asm\x01\0\0\0")]);
+    let out = check_in(&dir, &["agent.wasm"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("an upload would be refused (400 core_module)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_tenants_limits_from_a_serve_config_apply() {
+    let config = "data_dir = \"data\"\n[[tenants]]\nid = \"acme\"\ntoken_sha256 = \
+                  \"5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\"\n\
+                  api_key_file = \"missing.key\"\n[tenants.agents.agent_small.limits]\nmemory_mib = 1\n";
+    let dir = author_dir(
+        "config",
+        &[
+            ("agent.wasm", &voicehost_testkit::guest("conformance")),
+            ("voicehost.toml", config.as_bytes()),
+        ],
+    );
+    // The tenant's key file is missing: a check reads no key.
+    let out = check_in(&dir, &["agent.wasm", "--config", "voicehost.toml"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = check_in(
+        &dir,
+        &[
+            "agent.wasm",
+            "--config",
+            "voicehost.toml",
+            "--agent-id",
+            "agent_small",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("(422 over_limits): the component's initial memory is 1.1 MiB, over the agent's memory_mib = 1"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_of_another_world_gets_the_message_an_upload_gets() {
+    let wasm = filesystem_component();
+    let hosting = Hosting::start("check-world", "").await;
+    let (status, answer) = hosting
+        .api(
+            "POST",
+            "/v1/agents/agent_acme/versions",
+            Some(ACME_TOKEN),
+            wasm.clone(),
+        )
+        .await;
+    assert_eq!(status, 422, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap().to_string();
+    hosting.finish().await;
+
+    let dir = author_dir("world", &[("fs.wasm", &wasm)]);
+    let out = check_in(&dir, &["fs.wasm"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("(422 wrong_world): {message}")),
+        "{message:?} not in {stderr}"
+    );
+}
