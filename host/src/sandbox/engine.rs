@@ -237,10 +237,20 @@ impl Sandbox {
 
     /// Checks a compiled component against the `agent` world, with and without `wasi:http`.
     fn checked(&self, component: &Component, from_cache: bool) -> Result<AgentCode, LoadError> {
-        let pre = self
-            .linker
-            .instantiate_pre(component)
-            .map_err(|e| LoadError::WrongWorld(format!("its imports: {}", detail(e))))?;
+        let pre = self.linker.instantiate_pre(component).map_err(|e| {
+            let mut why = format!("its imports: {}", detail(e));
+            let unprovided = super::world::unprovided(&self.engine, component).join("; ");
+            if !unprovided.is_empty() {
+                let clipped = clip(&unprovided);
+                let more = if clipped.len() < unprovided.len() {
+                    "…"
+                } else {
+                    ""
+                };
+                why = format!("{why}. Not provided: {clipped}{more}");
+            }
+            LoadError::WrongWorld(why)
+        })?;
         let pre = bindings::AgentPre::new(pre)
             .map_err(|e| LoadError::WrongWorld(format!("its exports: {}", detail(e))))?;
         // It fits the world with `wasi:http`; without it, the only imports left undefined are

@@ -17,7 +17,8 @@
 //! kind of trap ended a handler), `guest_log.rs` (the guest's log, rate
 //! limited), `limits.rs` (the limits' defaults), `budget.rs` (the pool's slots and the guests' memory,
 //! shared by the tenants with parts reserved), `cpu.rs` (the guests' CPU: the calls' runtime, what a guest used), `egress.rs`
-//! (where a request may connect) and `outbound.rs` (its HTTP requests).
+//! (where a request may connect), `outbound.rs` (its HTTP requests) and `world.rs` (what the `agent`
+//! world does not give a component, in words).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -39,6 +40,7 @@ pub mod limits;
 mod native;
 pub mod outbound;
 mod trap;
+mod world;
 
 pub use compile_input::Wasm;
 pub use compiler::{ChildCompiler, CompileBounds};

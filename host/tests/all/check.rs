@@ -128,3 +128,24 @@ async fn a_component_of_another_world_gets_the_message_an_upload_gets() {
         "{message:?} not in {stderr}"
     );
 }
+
+#[test]
+fn each_import_the_host_does_not_provide_is_named_with_what_to_do() {
+    let wasm = wat::parse_str(
+        "(component \
+           (import \"wasi:keyvalue/store@0.2.0-draft\" (instance (export \"get\" (func)))) \
+           (import \"wasi:cli/environment@0.3.0-rc-2025-09-16\" (instance (export \"get\" (func)))))",
+    )
+    .unwrap();
+    let dir = author_dir("imports", &[("kv.wasm", &wasm)]);
+    let out = check_in(&dir, &["kv.wasm"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for said in [
+        "(422 wrong_world)",
+        "wasi:keyvalue/store@0.2.0-draft: no key-value store: keep a call's state with `save` and `load`",
+        "wasi:cli/environment@0.3.0-rc-2025-09-16: WASI 0.3.0-rc-2025-09-16 is not linked, only WASI 0.2",
+    ] {
+        assert!(stderr.contains(said), "{said:?} not in {stderr}");
+    }
+}
