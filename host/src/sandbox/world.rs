@@ -30,9 +30,10 @@ fn explain(name: &str) -> Option<String> {
         }
         "wasi:http" if wasi_02 && matches!(interface, "types" | "outgoing-handler") => return None,
         "voicehost:agent" if version == "0.1.0" => return None,
-        "voicehost:agent" => format!(
+        "voicehost:agent" => {
             "this host speaks voicehost:agent@0.1.0: build against the wit/ of the host you upload to"
-        ),
+                .into()
+        }
         "wasi:http" if interface == "incoming-handler" => {
             "an agent serves no HTTP: Sent's events reach its `handler` export".into()
         }
