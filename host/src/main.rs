@@ -49,8 +49,8 @@ enum Command {
     /// Serve one agent's calls until SIGINT or SIGTERM. The API key comes from SENT_API_KEY or --api-key-file.
     Run(RunArgs),
     /// Check a component as an upload would, offline: the world, the pool's maxima, the initial memory,
-    /// the compile's cost. Exits 1, saying why (the admin API's code and message), when an upload would
-    /// be refused.
+    /// the compile's cost, the quota. Exits 1, saying why (the admin API's code and message), when an
+    /// upload would be refused; 2 when the check could not be made.
     Check(cli::CheckArgs),
     /// Compile a component from stdin under limits (what `serve` runs for each upload; not for people).
     #[command(name = "compile-component", hide = true)]
@@ -160,9 +160,25 @@ fn start(command: Command) -> Result<()> {
         Command::Agents(args) => runtime.block_on(cli::run(args)),
         Command::Token(command) => cli::token(command),
         Command::Run(args) => runtime.block_on(run(args)),
-        Command::Check(args) => runtime
-            .block_on(cli::check(args, PathBuf::from("/proc/self/exe")))
-            .map(|report| println!("{report}")),
+        Command::Check(args) => {
+            match runtime.block_on(cli::check(args, PathBuf::from("/proc/self/exe"))) {
+                Ok(Ok(report)) => {
+                    println!("{report}");
+                    Ok(())
+                }
+                // Refused: 1; the check could not be made: 2 (below).
+                Ok(Err(refused)) => {
+                    runtime.shutdown_timeout(EXIT_GRACE);
+                    eprintln!("voicehost: {refused}");
+                    std::process::exit(1);
+                }
+                Err(error) => {
+                    runtime.shutdown_timeout(EXIT_GRACE);
+                    eprintln!("voicehost: {error:#}");
+                    std::process::exit(2);
+                }
+            }
+        }
         Command::CompileComponent { .. } => Ok(()),
     };
     // What is still running (a compile's blocking work, a slow client) does not hold up the exit.

@@ -257,6 +257,9 @@ pub fn error_code(error: &ServeError) -> ErrorCode {
     }
 }
 
+/// The answer to an upload with an empty body.
+pub const EMPTY_UPLOAD: &str = "the body is empty: send the component's bytes";
+
 /// The answer to an upload over the agent's `component_mib`, of `cap` bytes.
 pub fn too_large_message(cap: u64) -> String {
     format!("the component is over this tenant's cap of {cap} bytes")
@@ -652,10 +655,7 @@ async fn upload(
         }
     };
     if wasm.size() == 0 {
-        return Err(ApiError::new(
-            ErrorCode::NotWasm,
-            "the body is empty: send the component's bytes",
-        ));
+        return Err(ApiError::new(ErrorCode::NotWasm, EMPTY_UPLOAD));
     }
     let version = tenancy.upload(&tenant, &agent_id, wasm, activate).await?;
     Ok((StatusCode::CREATED, Json(version_view(&version, activate))))

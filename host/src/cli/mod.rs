@@ -252,7 +252,7 @@ mod check;
 mod client;
 mod render;
 
-pub use check::{check, CheckArgs};
+pub use check::{check, CheckArgs, Refused};
 use client::*;
 pub use client::{Body, Client};
 pub use render::agents_table;

@@ -30,7 +30,9 @@ const CALLS_EVENT_INTERVAL: u32 = 8;
 /// holds busy calls, each polled for up to a tick, looked there only every few polls, so a light call
 /// waited behind several ticks of burning guests (measured beside four guests burning 150 ms a frame:
 /// the neighbour's echo p50 1.1 ms, 0.3–0.6 ms with this; 1,000 calls' CPU per frame unchanged). The look
-/// is an atomic load when the queue is empty.
+/// is an atomic load when the queue is empty. The other side: while frames keep coming faster than the
+/// workers serve them, a task woken from within the runtime (a guest yielding, a timer) waits until the
+/// shared queue is empty; overloaded calls are shed by their own queues (the limits' table).
 const CALLS_GLOBAL_QUEUE_INTERVAL: u32 = 1;
 
 /// The calls' runtime's workers: one per core the process may use.

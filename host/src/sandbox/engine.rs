@@ -238,18 +238,17 @@ impl Sandbox {
     /// Checks a compiled component against the `agent` world, with and without `wasi:http`.
     fn checked(&self, component: &Component, from_cache: bool) -> Result<AgentCode, LoadError> {
         let pre = self.linker.instantiate_pre(component).map_err(|e| {
-            let mut why = format!("its imports: {}", detail(e));
-            let unprovided = super::world::unprovided(&self.engine, component).join("; ");
-            if !unprovided.is_empty() {
-                let clipped = clip(&unprovided);
-                let more = if clipped.len() < unprovided.len() {
-                    "…"
-                } else {
-                    ""
-                };
-                why = format!("{why}. Not provided: {clipped}{more}");
-            }
-            LoadError::WrongWorld(why)
+            // What the host does not provide first, in words; then the linker's first mismatch; all of
+            // it within a log line's length.
+            let unprovided = super::world::unprovided(&self.engine, component);
+            let why = match unprovided.is_empty() {
+                true => format!("its imports: {e:#}"),
+                false => format!(
+                    "its imports: not provided: {}; the linker: {e:#}",
+                    unprovided.join("; ")
+                ),
+            };
+            LoadError::WrongWorld(clipped(why))
         })?;
         let pre = bindings::AgentPre::new(pre)
             .map_err(|e| LoadError::WrongWorld(format!("its exports: {}", detail(e))))?;
@@ -438,10 +437,14 @@ fn trap_http_imports(
 /// wasmtime's reason for refusing a component, cut to [`MAX_LINE`](super::guest_log::MAX_LINE) bytes: it may quote the component's own
 /// names (of any length), and it goes back to the uploader and into the log.
 fn detail(error: wasmtime::Error) -> String {
-    let text = format!("{error:#}");
-    let clipped = clip(&text);
-    if clipped.len() < text.len() {
-        format!("{clipped}…")
+    clipped(format!("{error:#}"))
+}
+
+/// `text` cut to a log line's length, with `…` when cut.
+fn clipped(text: String) -> String {
+    let cut = clip(&text);
+    if cut.len() < text.len() {
+        format!("{cut}…")
     } else {
         text
     }

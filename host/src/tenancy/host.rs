@@ -1275,7 +1275,8 @@ fn key(tenant: &str, agent: &str) -> (String, String) {
     (tenant.to_string(), agent.to_string())
 }
 
-fn check_agent_id(agent: &str) -> Result<(), ServeError> {
+/// Refuses an agent id Sent cannot know (a 400), before anything else of a request is looked at.
+pub fn check_agent_id(agent: &str) -> Result<(), ServeError> {
     if super::config::valid_agent_id(agent) {
         Ok(())
     } else {

@@ -27,9 +27,14 @@ fn check_in(dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// A component importing an interface the host does not provide.
-fn filesystem_component() -> Vec<u8> {
-    wat::parse_str("(component (import \"wasi:filesystem/preopens@0.2.0\" (instance)))").unwrap()
+/// A component importing interfaces the host does not provide.
+fn keyvalue_component() -> Vec<u8> {
+    wat::parse_str(
+        "(component \
+           (import \"wasi:keyvalue/store@0.2.0-draft\" (instance (export \"get\" (func)))) \
+           (import \"wasi:cli/environment@0.3.0-rc-2025-09-16\" (instance (export \"get\" (func)))))",
+    )
+    .unwrap()
 }
 
 #[test]
@@ -104,8 +109,8 @@ fn a_tenants_limits_from_a_serve_config_apply() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_component_of_another_world_gets_the_message_an_upload_gets() {
-    let wasm = filesystem_component();
+async fn each_import_the_host_does_not_provide_is_named_with_what_to_do_as_an_upload_is_told() {
+    let wasm = keyvalue_component();
     let hosting = Hosting::start("check-world", "").await;
     let (status, answer) = hosting
         .api(
@@ -118,9 +123,15 @@ async fn a_component_of_another_world_gets_the_message_an_upload_gets() {
     assert_eq!(status, 422, "{answer}");
     let message = answer["error"]["message"].as_str().unwrap().to_string();
     hosting.finish().await;
+    for said in [
+        "wasi:keyvalue/store@0.2.0-draft: no key-value store: keep a call's state with `save` and `load`",
+        "wasi:cli/environment@0.3.0-rc-2025-09-16: WASI 0.3.0-rc-2025-09-16 is not linked, only WASI 0.2",
+    ] {
+        assert!(message.contains(said), "{said:?} not in {message}");
+    }
 
-    let dir = author_dir("world", &[("fs.wasm", &wasm)]);
-    let out = check_in(&dir, &["fs.wasm"]);
+    let dir = author_dir("world", &[("kv.wasm", &wasm)]);
+    let out = check_in(&dir, &["kv.wasm"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -130,22 +141,42 @@ async fn a_component_of_another_world_gets_the_message_an_upload_gets() {
 }
 
 #[test]
-fn each_import_the_host_does_not_provide_is_named_with_what_to_do() {
-    let wasm = wat::parse_str(
-        "(component \
-           (import \"wasi:keyvalue/store@0.2.0-draft\" (instance (export \"get\" (func)))) \
-           (import \"wasi:cli/environment@0.3.0-rc-2025-09-16\" (instance (export \"get\" (func)))))",
-    )
-    .unwrap();
-    let dir = author_dir("imports", &[("kv.wasm", &wasm)]);
-    let out = check_in(&dir, &["kv.wasm"]);
+fn what_an_upload_would_refuse_before_compiling_is_refused_and_a_check_that_cannot_run_says_so() {
+    let dir = author_dir("early", &[("empty.wasm", b""), ("agent.wasm", b"\0asm")]);
+    let out = check_in(&dir, &["empty.wasm"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    for said in [
-        "(422 wrong_world)",
-        "wasi:keyvalue/store@0.2.0-draft: no key-value store: keep a call's state with `save` and `load`",
-        "wasi:cli/environment@0.3.0-rc-2025-09-16: WASI 0.3.0-rc-2025-09-16 is not linked, only WASI 0.2",
-    ] {
-        assert!(stderr.contains(said), "{said:?} not in {stderr}");
-    }
+    assert!(
+        stderr.contains("(400 not_wasm): the body is empty"),
+        "{stderr}"
+    );
+    // A pipe's length says nothing: what is read is capped (here at 1 MiB) all the same.
+    let config = "data_dir = \"data\"\n[limits]\ncomponent_mib = 1\n[[tenants]]\nid = \"acme\"\n\
+                  token_sha256 = \"5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\"\n\
+                  api_key_env = \"UNSET\"\n";
+    std::fs::write(dir.join("voicehost.toml"), config).unwrap();
+    let out = check_in(&dir, &["/dev/zero", "--config", "voicehost.toml"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("(413 too_large)"), "{stderr}");
+    let out = check_in(
+        &dir,
+        &[
+            "agent.wasm",
+            "--config",
+            "voicehost.toml",
+            "--agent-id",
+            "bob",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("(400 bad_request)"), "{stderr}");
+    let out = check_in(&dir, &["missing.wasm"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
