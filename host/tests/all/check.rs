@@ -27,6 +27,14 @@ fn check_in(dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// What `check` says on stderr when it refuses (exit 1), as run in `dir` with `args`.
+fn refused_in(dir: &Path, args: &[&str]) -> String {
+    let out = check_in(dir, args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    stderr
+}
+
 /// A component importing interfaces the host does not provide.
 fn keyvalue_component() -> Vec<u8> {
     wat::parse_str(
@@ -62,9 +70,7 @@ fn a_component_an_upload_would_take_is_described_and_the_check_passes() {
 #[test]
 fn a_core_module_is_refused_with_the_admin_apis_code_and_a_failing_exit() {
     let dir = author_dir("core", &[("agent.wasm", b"\0asm\x01\0\0\0")]);
-    let out = check_in(&dir, &["agent.wasm"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = refused_in(&dir, &["agent.wasm"]);
     assert!(
         stderr.contains("an upload would be refused (400 core_module)"),
         "{stderr}"
@@ -90,7 +96,7 @@ fn a_tenants_limits_from_a_serve_config_apply() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = check_in(
+    let stderr = refused_in(
         &dir,
         &[
             "agent.wasm",
@@ -100,8 +106,6 @@ fn a_tenants_limits_from_a_serve_config_apply() {
             "agent_small",
         ],
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("(422 over_limits): the component's initial memory is 1.1 MiB, over the agent's memory_mib = 1"),
         "{stderr}"
@@ -131,9 +135,7 @@ async fn each_import_the_host_does_not_provide_is_named_with_what_to_do_as_an_up
     }
 
     let dir = author_dir("world", &[("kv.wasm", &wasm)]);
-    let out = check_in(&dir, &["kv.wasm"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = refused_in(&dir, &["kv.wasm"]);
     assert!(
         stderr.contains(&format!("(422 wrong_world): {message}")),
         "{message:?} not in {stderr}"
@@ -143,9 +145,7 @@ async fn each_import_the_host_does_not_provide_is_named_with_what_to_do_as_an_up
 #[test]
 fn what_an_upload_would_refuse_before_compiling_is_refused_and_a_check_that_cannot_run_says_so() {
     let dir = author_dir("early", &[("empty.wasm", b""), ("agent.wasm", b"\0asm")]);
-    let out = check_in(&dir, &["empty.wasm"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = refused_in(&dir, &["empty.wasm"]);
     assert!(
         stderr.contains("(400 not_wasm): the body is empty"),
         "{stderr}"
@@ -155,11 +155,9 @@ fn what_an_upload_would_refuse_before_compiling_is_refused_and_a_check_that_cann
                   token_sha256 = \"5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\"\n\
                   api_key_env = \"UNSET\"\n";
     std::fs::write(dir.join("voicehost.toml"), config).unwrap();
-    let out = check_in(&dir, &["/dev/zero", "--config", "voicehost.toml"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = refused_in(&dir, &["/dev/zero", "--config", "voicehost.toml"]);
     assert!(stderr.contains("(413 too_large)"), "{stderr}");
-    let out = check_in(
+    let stderr = refused_in(
         &dir,
         &[
             "agent.wasm",
@@ -169,8 +167,6 @@ fn what_an_upload_would_refuse_before_compiling_is_refused_and_a_check_that_cann
             "bob",
         ],
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("(400 bad_request)"), "{stderr}");
     let out = check_in(&dir, &["missing.wasm"]);
     assert_eq!(
