@@ -240,7 +240,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let config = AgentConfig {
         // The pool's slots, one agent's alone (a call of a component with many memories takes more).
         admission: Admission::new(Vec::new())
-            .with_slots(Budget::new(args.max_calls as u64).share(&args.agent_id)),
+            .with_slots(Budget::new(args.max_calls as u64).part(&args.agent_id)),
         ..AgentConfig::fixed(
             Dial::new(args.url, args.agent_id, api_key),
             code,

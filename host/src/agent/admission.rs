@@ -1,9 +1,9 @@
 //! Caps on concurrent calls: a tenant's across all its agents, and an agent's own; and the call's slot in
-//! the host's instance pool, taken from its tenant's [`Share`] of it. A call is admitted only when every
+//! the host's instance pool, taken from its tenant's [`Part`] of it. A call is admitted only when every
 //! cap it falls under has room and the pool has a slot for it; the [`Permit`] it gets gives both back
 //! when the call is done.
 
-use crate::sandbox::budget::Share;
+use crate::sandbox::budget::Part;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -52,7 +52,7 @@ impl Gate {
 #[derive(Debug, Clone, Default)]
 pub struct Admission {
     gates: Vec<Arc<Gate>>,
-    slots: Option<Share>,
+    slots: Option<Part>,
 }
 
 /// Why a call was not admitted.
@@ -72,7 +72,7 @@ impl Admission {
     }
 
     /// Each call also takes its slots from `slots` (its tenant's share of the host's pool).
-    pub fn with_slots(mut self, slots: Share) -> Admission {
+    pub fn with_slots(mut self, slots: Part) -> Admission {
         self.slots = Some(slots);
         self
     }
@@ -107,7 +107,7 @@ impl Admission {
 #[derive(Debug)]
 pub struct Permit {
     gates: Vec<Arc<Gate>>,
-    slots: Option<(Share, u32)>,
+    slots: Option<(Part, u32)>,
 }
 
 impl Drop for Permit {
@@ -154,8 +154,8 @@ mod tests {
         let pool = crate::sandbox::budget::Budget::new(2);
         pool.reserve([("acme", 1)]);
         let tenant = Gate::new(10);
-        let globex = Admission::new(vec![tenant.clone()]).with_slots(pool.share("globex"));
-        let acme = Admission::new(vec![]).with_slots(pool.share("acme"));
+        let globex = Admission::new(vec![tenant.clone()]).with_slots(pool.part("globex"));
+        let acme = Admission::new(vec![]).with_slots(pool.part("acme"));
         let first = globex.admit(1).expect("the slot nobody reserved");
         assert_eq!(globex.admit(1).unwrap_err(), Refusal::HostFull);
         assert_eq!(

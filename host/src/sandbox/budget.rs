@@ -130,8 +130,8 @@ impl Budget {
     }
 
     /// One tenant's part of this budget.
-    pub fn share(self: &Arc<Budget>, tenant: &str) -> Share {
-        Share {
+    pub fn part(self: &Arc<Budget>, tenant: &str) -> Part {
+        Part {
             budget: self.clone(),
             tenant: tenant.into(),
         }
@@ -140,12 +140,12 @@ impl Budget {
 
 /// One tenant's part of a [`Budget`]: what its calls take from and give back to.
 #[derive(Debug, Clone)]
-pub struct Share {
+pub struct Part {
     budget: Arc<Budget>,
     tenant: Arc<str>,
 }
 
-impl Share {
+impl Part {
     /// See [`Budget::take`].
     pub fn take(&self, amount: u64) -> bool {
         self.budget.take(&self.tenant, amount)

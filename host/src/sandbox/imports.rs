@@ -1,8 +1,8 @@
 //! The host's side of the guest's imports: the state of one Store, whose WASI, `wasi:http` and `voicehost`
 //! imports reach the call through [`GuestImports`], and the meters behind the limits.
 
-use super::budget::Share;
-use super::cpu::Share as CpuShare;
+use super::budget::Part;
+use super::cpu::Share;
 use super::guest_log::GuestOutput;
 use super::limits::{MAX_FIELDS_BYTES, MAX_HANDLES, MAX_RANDOM_BYTES, MAX_TABLE_ELEMENTS};
 use super::outbound::PolicyHooks;
@@ -32,7 +32,7 @@ pub(crate) struct HostState {
     /// The guest time a handler call may take, in nanoseconds.
     pub(super) cpu_budget: u64,
     /// What the running handler call has used of the guest CPU.
-    pub(super) cpu: CpuShare,
+    pub(super) cpu: Share,
 }
 
 impl HostState {
@@ -41,7 +41,7 @@ impl HostState {
         imports: Arc<dyn GuestImports>,
         limits: &Limits,
         output: GuestOutput,
-        cpu: CpuShare,
+        cpu: Share,
     ) -> HostState {
         let wasi = WasiCtx::builder()
             .stdout(output.clone())
@@ -137,11 +137,11 @@ struct MemoryMeter {
     used: usize,
     /// What the last growth allowed added, taken back if the growth then fails.
     last: usize,
-    host: Option<Share>,
+    host: Option<Part>,
 }
 
 impl MemoryMeter {
-    fn new(cap: usize, host: Option<Share>) -> MemoryMeter {
+    fn new(cap: usize, host: Option<Part>) -> MemoryMeter {
         MemoryMeter {
             cap,
             used: 0,
@@ -266,14 +266,14 @@ mod tests {
     fn an_instances_memory_comes_from_its_tenants_share_and_goes_back_when_it_is_dropped() {
         let host = Budget::new(100);
         host.reserve([("acme", 30)]);
-        let mut globex = MemoryMeter::new(200, Some(host.share("globex")));
+        let mut globex = MemoryMeter::new(200, Some(host.part("globex")));
         assert!(globex.grow(0, 60).is_ok());
         assert_eq!(
             globex.grow(60, 80),
             Err(TrapKind::HostMemory),
             "under its own cap, but only 70 are not acme's"
         );
-        let mut acme = MemoryMeter::new(200, Some(host.share("acme")));
+        let mut acme = MemoryMeter::new(200, Some(host.part("acme")));
         assert!(
             acme.grow(0, 30).is_ok(),
             "acme's reserved 30 were kept for it"

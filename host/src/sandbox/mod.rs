@@ -179,7 +179,7 @@ pub struct Limits {
     pub http: Arc<HttpPolicy>,
     /// The tenant's share of the host's guest memory (`guest_memory_mib`), which every byte of linear
     /// memory the instance gets is taken from; `None`: only `memory_bytes` bounds it.
-    pub host_memory: Option<budget::Share>,
+    pub host_memory: Option<budget::Part>,
 }
 
 impl Limits {

@@ -18,7 +18,7 @@
 //! byte before the last one, and the host holds up to `max_response_bytes` per open response; a call has at
 //! most [`MAX_OPEN_REQUESTS`] requests and unread responses at once.
 
-use super::cpu::{charged, Share as CpuShare};
+use super::cpu::{charged, Share};
 use super::egress::{self, Reach};
 use super::limits::{self, HTTP_BODY_CHUNK_BYTES};
 use http_body_util::BodyExt;
@@ -353,7 +353,7 @@ pub struct PolicyHooks {
     /// The call's guest CPU, which the host's work for its requests (the lookup's answer, TLS, HTTP,
     /// reading the body) is charged to, as the guest's own code is: wasmtime-wasi-http polls a request in
     /// a task of its own, outside the guest's polls.
-    cpu: Option<CpuShare>,
+    cpu: Option<Share>,
 }
 
 /// The log of an instance's refused requests: the first at warn, the rest at debug, so that a guest
@@ -401,7 +401,7 @@ impl PolicyHooks {
     }
 
     /// The host's work for the requests is charged to `cpu`, the call's guest CPU.
-    pub(super) fn charged_to(mut self, cpu: CpuShare) -> PolicyHooks {
+    pub(super) fn charged_to(mut self, cpu: Share) -> PolicyHooks {
         self.cpu = Some(cpu);
         self
     }
@@ -521,7 +521,7 @@ async fn send(
     target: Target,
     refusals: Arc<Refusals>,
     slot: Slot,
-    cpu: Option<CpuShare>,
+    cpu: Option<Share>,
 ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
     let guest = options.unwrap_or_default();
     // One deadline for the lookup, the connection, TLS and HTTP's handshake together.
@@ -588,7 +588,7 @@ async fn exchange(
     target: &Target,
     connected_by: tokio::time::Instant,
     first_byte: Duration,
-    cpu: Option<CpuShare>,
+    cpu: Option<Share>,
 ) -> Result<(http::Response<hyper::body::Incoming>, IoFuture), Error> {
     let stream: Box<dyn Stream> = if target.tls {
         let name = match egress::literal(&target.host) {
@@ -741,7 +741,7 @@ mod tests {
             allow: vec![origin(&format!("http://127.0.0.1:{port}"))],
             ..HttpPolicy::default()
         };
-        let cpu = CpuShare::default();
+        let cpu = Share::default();
         let mut hooks = PolicyHooks::new(Arc::new(policy), "s").charged_to(cpu.clone());
         let request = http::Request::get(format!("http://127.0.0.1:{port}/"))
             .body(

@@ -1153,7 +1153,7 @@ impl Tenancy {
     fn limits(&self, tenant: &str, agent: &str) -> Limits {
         match self.tenant(tenant) {
             Some(config) => Limits {
-                host_memory: Some(self.memory.share(tenant)),
+                host_memory: Some(self.memory.part(tenant)),
                 ..Limits::of(&config.agent_limits(agent), config.http.clone())
             },
             None => Limits::default(),
@@ -1188,7 +1188,7 @@ impl Tenancy {
             dial: Dial::new(self.sent_url.clone(), agent, tenant_config.api_key.clone()),
             deployment: receiver,
             connections: self.connections,
-            admission: Admission::new(gates).with_slots(self.slots.share(tenant)),
+            admission: Admission::new(gates).with_slots(self.slots.part(tenant)),
         };
         let (tenant_id, agent_id) = (tenant.to_string(), agent.to_string());
         let refused = Arc::new(Mutex::new(None));
