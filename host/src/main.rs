@@ -163,7 +163,9 @@ fn start(command: Command) -> Result<()> {
         Command::Check(args) => {
             match runtime.block_on(cli::check(args, PathBuf::from("/proc/self/exe"))) {
                 Ok(Ok(report)) => {
-                    println!("{report}");
+                    // A reader that stopped reading (`| head`) is not an error of the check.
+                    use std::io::Write as _;
+                    let _ = writeln!(std::io::stdout(), "{report}");
                     Ok(())
                 }
                 // Refused: 1; the check could not be made: 2 (below).

@@ -176,3 +176,23 @@ fn what_an_upload_would_refuse_before_compiling_is_refused_and_a_check_that_cann
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_reader_that_stops_reading_the_report_is_no_failure() {
+    let dir = author_dir(
+        "pipe",
+        &[("agent.wasm", &voicehost_testkit::guest("conformance"))],
+    );
+    let mut child = Command::new(BIN)
+        .args(["check", "agent.wasm"])
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
