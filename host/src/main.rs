@@ -9,14 +9,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use voicehost::agent::Dial;
 use voicehost::agent::{self, Admission, AgentConfig};
-use voicehost::agent::{CallRules, FailurePolicy};
 use voicehost::api;
 use voicehost::cli;
 use voicehost::sandbox::budget::Budget;
 use voicehost::sandbox::compiler;
-use voicehost::sandbox::limits::{self, ResolvedLimits};
-use voicehost::sandbox::{HttpPolicy, Origin};
-use voicehost::sandbox::{Limits, Sandbox};
+use voicehost::sandbox::limits;
+use voicehost::sandbox::Sandbox;
 use voicehost::stats::Stats;
 use voicehost::tenancy::ServeConfig;
 use voicehost::tenancy::Tenancy;
@@ -48,6 +46,11 @@ enum Command {
     Token(cli::TokenCommand),
     /// Serve one agent's calls until SIGINT or SIGTERM. The API key comes from SENT_API_KEY or --api-key-file.
     Run(RunArgs),
+    /// Call your agent from the terminal: the embedded Sent simulator and the host of `run` on loopback.
+    /// Type as the caller (/help for commands); lines in, lines out, so a pipe drives it too. Exits 0 when
+    /// the call ended as calls do, 1 when the host gave up on the agent (its failure policy), lost the
+    /// call or saw it break the protocol, 2 when nothing could start.
+    Call(cli::CallArgs),
     /// Check a component as an upload would, offline: the world, the pool's maxima, the initial memory,
     /// the compile's cost, the quota. Exits 1, saying why (the admin API's code and message), when an
     /// upload would be refused; 2 when the check could not be made.
@@ -90,28 +93,8 @@ struct RunArgs {
     /// README's limits). A call past it gets the failure policy.
     #[arg(long, default_value_t = limits::MAX_CALLS)]
     max_calls: usize,
-    /// Guest CPU time per handler call, in milliseconds.
-    #[arg(long, default_value_t = limits::DEFAULTS.cpu_ms)]
-    cpu_ms: u64,
-    /// Linear memory per call's instance, in MiB.
-    #[arg(long, default_value_t = limits::DEFAULTS.memory_mib)]
-    memory_mib: u64,
-    /// Traps within a minute after which the call gets the failure policy.
-    #[arg(long, default_value_t = limits::MAX_TRAPS)]
-    max_traps: usize,
-    /// What to do with a call its agent cannot serve (repeated traps, no instance, behind Sent): `hangup`, or `transfer:KIND:VALUE` (e.g.
-    /// `transfer:number:+14155550100`).
-    #[arg(
-        long,
-        default_value = "hangup",
-        value_name = "hangup|transfer:KIND:VALUE"
-    )]
-    on_repeated_traps: FailurePolicy,
-    /// An origin the agent may send HTTP requests to (`https://api.example.com`, `http://127.0.0.1:8089`);
-    /// repeat for more. None by default. Named here by whoever runs the host, such an origin may resolve
-    /// to any address, private ones included (`serve` needs `allow_private` for that).
-    #[arg(long, value_name = "ORIGIN")]
-    allow_http: Vec<String>,
+    #[command(flatten)]
+    limits: cli::RunLimits,
 }
 
 /// A path from the command line, made absolute against the directory `voicehost` was started in, once:
@@ -153,9 +136,25 @@ fn main() {
 }
 
 fn start(command: Command) -> Result<()> {
-    voicehost::logging::init(voicehost::logging::DEFAULT);
+    if matches!(command, Command::Call(_)) {
+        cli::init_call_log();
+    } else {
+        voicehost::logging::init(voicehost::logging::DEFAULT);
+    }
     let runtime = tokio::runtime::Runtime::new()?;
     let result = match command {
+        Command::Call(args) => {
+            let code = match runtime.block_on(cli::call(args)) {
+                Ok(cli::Verdict::Ended) => 0,
+                Ok(cli::Verdict::AgentFailed) => 1,
+                Err(error) => {
+                    eprintln!("voicehost: {error:#}");
+                    2
+                }
+            };
+            runtime.shutdown_timeout(EXIT_GRACE);
+            std::process::exit(code);
+        }
         Command::Serve { config } => runtime.block_on(serve(&config)),
         Command::Agents(args) => runtime.block_on(cli::run(args)),
         Command::Token(command) => cli::token(command),
@@ -214,31 +213,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let code = sandbox
         .load(&wasm)
         .with_context(|| format!("{} cannot serve as an agent", args.agent.display()))?;
-    let allow = args
-        .allow_http
-        .iter()
-        .map(|origin| Origin::parse(origin).with_context(|| format!("--allow-http {origin:?}")))
-        .collect::<Result<Vec<_>>>()?;
-    let limits = ResolvedLimits {
-        cpu_ms: args.cpu_ms,
-        memory_mib: args.memory_mib,
-        ..limits::DEFAULTS
-    };
-    limits
-        .check()
-        .map_err(|e| anyhow!("--{} {}", e.key.replace('_', "-"), e.problem))?;
-    let rules = CallRules {
-        limits: Limits::of(
-            &limits,
-            Arc::new(HttpPolicy {
-                allow_private: allow.clone(),
-                ..HttpPolicy::allowing(allow)
-            }),
-        ),
-        max_traps: args.max_traps,
-        policy: args.on_repeated_traps,
-        ..CallRules::default()
-    };
+    let rules = args.limits.rules()?;
     let config = AgentConfig {
         // The pool's slots, one agent's alone (a call of a component with many memories takes more).
         admission: Admission::new(Vec::new())

@@ -6,9 +6,10 @@ use crate::sandbox::{Event, TrapKind, HANDLERS};
 use prometheus_client::metrics::histogram::Histogram;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// One monotonically increasing count: prometheus-client's, read with `get` and encoded as it is.
 pub type Counter = prometheus_client::metrics::counter::Counter<u64, AtomicU64>;
@@ -40,6 +41,38 @@ pub struct LiveSession {
     pub info: CallInfo,
     /// The agent version serving it.
     pub version: u32,
+    /// Replaces the call's instance as if it had trapped.
+    pub force_trap: ForceTrap,
+}
+
+/// A live call's instance replaced on demand, as if it had trapped (`voicehost call`'s `/restart`): the
+/// call's task takes it as a trap of kind [`TrapKind::Forced`] before its next event, so the restart
+/// path (a fresh instance, `on-restart`, the trap window) runs as it would for a real one.
+#[derive(Debug, Clone, Default)]
+pub struct ForceTrap {
+    wanted: Arc<AtomicBool>,
+    waker: Arc<Notify>,
+}
+
+impl ForceTrap {
+    /// A switch that wakes the call's task through `waker`.
+    pub fn new(waker: Arc<Notify>) -> ForceTrap {
+        ForceTrap {
+            wanted: Arc::default(),
+            waker,
+        }
+    }
+
+    /// Asks for the trap, and wakes the call's task.
+    pub fn fire(&self) {
+        self.wanted.store(true, Ordering::Release);
+        self.waker.notify_one();
+    }
+
+    /// Whether a trap was asked for since the last look; a look takes it.
+    pub fn take(&self) -> bool {
+        self.wanted.swap(false, Ordering::AcqRel)
+    }
 }
 
 /// Everything one agent's host counts.
@@ -181,6 +214,18 @@ impl Stats {
     /// The call is no longer served.
     pub fn live_end(&self, session_id: &str) {
         self.live_calls().remove(session_id);
+    }
+
+    /// Replaces the instance of the live call `session_id` as if it had trapped ([`ForceTrap`]); false
+    /// when no such call is being served.
+    pub fn force_trap(&self, session_id: &str) -> bool {
+        match self.live_calls().get(session_id) {
+            Some(live) => {
+                live.force_trap.fire();
+                true
+            }
+            None => false,
+        }
     }
 
     /// The calls being served now, by session id.

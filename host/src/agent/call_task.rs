@@ -8,7 +8,7 @@ use super::{Agent, Deployment, FailurePolicy};
 use crate::sandbox::limits;
 use crate::sandbox::wit::{self, CallInfo, Direction, Level, Party};
 use crate::sandbox::{Event, GuestImports, Instance, Limits, Outcome, TrapKind};
-use crate::stats::{LiveSession, Stats};
+use crate::stats::{ForceTrap, LiveSession, Stats};
 use sentdm_voice_agents::frames::{AgentClear, AgentSay, SessionStart};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -318,6 +318,7 @@ pub(super) async fn run(
     let task = Task {
         agent: agent.clone(),
         key,
+        force_trap: ForceTrap::new(waker.clone()),
         waker,
         session_id: session_id.clone(),
         rules: deployment.rules.clone(),
@@ -340,6 +341,7 @@ pub(super) async fn run(
         LiveSession {
             info: info.clone(),
             version: deployment.version,
+            force_trap: task.force_trap.clone(),
         },
     );
     // Off the live list, out of its caps, and forgotten by the router however the task ends.
@@ -375,21 +377,45 @@ struct Task {
     agent: Arc<Agent>,
     key: CallKey,
     waker: Arc<Notify>,
+    /// Set from outside the call: its instance is to be replaced as if it had trapped.
+    force_trap: ForceTrap,
     session_id: String,
     rules: CallRules,
 }
 
+/// What the call's task does next.
+enum Turn {
+    /// Hands the guest an event.
+    Event(GuestEvent),
+    /// Replaces the instance as if it had trapped ([`ForceTrap`]).
+    ForcedTrap,
+}
+
+/// What follows a trap.
+enum AfterTrap {
+    /// A fresh instance gets `on-restart`.
+    Restart(Event),
+    /// The call's last event trapped: nothing follows.
+    Nothing,
+    /// The agent cannot serve the call (too many traps): its failure policy was asked for.
+    GaveUp,
+}
+
 impl Task {
-    /// The call's next event; `None` once the router has forgotten the call.
-    async fn next(&self) -> Option<GuestEvent> {
+    /// What the call's task does next; `None` once the router has forgotten the call. A forced trap
+    /// comes before the events waiting, so that it falls between the caller's turns where it was asked.
+    async fn next(&self) -> Option<Turn> {
         loop {
             let notified = self.waker.notified();
+            if self.force_trap.take() {
+                return Some(Turn::ForcedTrap);
+            }
             let (event, known) = self.agent.with(|shared| {
                 let event = shared.router.poll_event(self.key);
                 (event, shared.wakers.contains_key(&self.key))
             });
             if event.is_some() || !known {
-                return event;
+                return event.map(Turn::Event);
             }
             notified.await;
         }
@@ -405,19 +431,53 @@ impl Task {
         self.agent
             .with(|shared| shared.router.handle_give_up(Instant::now(), key));
         self.agent.timers.notify_one();
-        while let Some(event) = self.next().await {
-            if matches!(event, GuestEvent::End { .. } | GuestEvent::Lost) {
+        while let Some(turn) = self.next().await {
+            if matches!(turn, Turn::Event(GuestEvent::End { .. } | GuestEvent::Lost)) {
                 return;
             }
         }
     }
 
+    /// A trap of `kind` was contained: counted, and against the call's trap window.
+    async fn after_trap(&self, kind: TrapKind, last: bool, traps: &mut TrapWindow) -> AfterTrap {
+        self.agent.stats.trap(kind);
+        if traps.trapped(Instant::now()) {
+            if last {
+                return AfterTrap::Nothing;
+            }
+            self.give_up().await;
+            return AfterTrap::GaveUp;
+        }
+        if last {
+            return AfterTrap::Nothing;
+        }
+        self.agent.stats.restarts.inc();
+        AfterTrap::Restart(Event::Restart(restart_reason(kind)))
+    }
+
     async fn serve(&self, mut instance: Instance) {
         let stats = self.agent.stats.clone();
         let mut traps = TrapWindow::new(self.rules.max_traps, self.rules.trap_window);
-        while let Some(event) = self.next().await {
-            let last = matches!(event, GuestEvent::End { .. } | GuestEvent::Lost);
-            let mut next = Some(Event::from(event));
+        while let Some(turn) = self.next().await {
+            let (last, mut next) = match turn {
+                Turn::Event(event) => (
+                    matches!(event, GuestEvent::End { .. } | GuestEvent::Lost),
+                    Some(Event::from(event)),
+                ),
+                Turn::ForcedTrap => {
+                    tracing::warn!(
+                        session = self.session_id,
+                        kind = TrapKind::Forced.as_str(),
+                        "the agent's instance was made to trap: a fresh instance takes over"
+                    );
+                    instance.discard();
+                    match self.after_trap(TrapKind::Forced, false, &mut traps).await {
+                        AfterTrap::Restart(restart) => (false, Some(restart)),
+                        AfterTrap::Nothing => (false, None),
+                        AfterTrap::GaveUp => return,
+                    }
+                }
+            };
             while let Some(event) = next.take() {
                 let started = Instant::now();
                 let outcome = instance.call(&event).await;
@@ -444,7 +504,6 @@ impl Task {
                         }
                     }
                     Outcome::Trapped { kind, report } => {
-                        stats.trap(kind);
                         // One line for the operator; the whole wasm backtrace only at debug.
                         tracing::warn!(
                             session = self.session_id,
@@ -462,15 +521,10 @@ impl Task {
                                 "the trap's wasm backtrace"
                             );
                         }
-                        if traps.trapped(Instant::now()) {
-                            if !last {
-                                self.give_up().await;
-                            }
-                            return;
-                        }
-                        if !last {
-                            stats.restarts.inc();
-                            next = Some(Event::Restart(restart_reason(kind)));
+                        match self.after_trap(kind, last, &mut traps).await {
+                            AfterTrap::Restart(restart) => next = Some(restart),
+                            AfterTrap::Nothing => {}
+                            AfterTrap::GaveUp => return,
                         }
                     }
                 }

@@ -1,5 +1,6 @@
 //! `voicehost agents` and `voicehost token`: the operator's side of the admin API of `voicehost serve`
-//! (described in `host/openapi.json`); and `voicehost check` (`check.rs`), an agent author's. The client speaks plain HTTP/1.1 over hyper, one request per
+//! (described in `host/openapi.json`); and an agent author's: `voicehost check` (`check.rs`) and
+//! `voicehost call` (`call.rs`). The client speaks plain HTTP/1.1 over hyper, one request per
 //! connection, and never shows the admin token: not in output, not in an error.
 
 use crate::api::views::{
@@ -248,15 +249,22 @@ fn new_token() -> Result<String> {
     Ok(format!("vh_{}", crate::content::hex(&bytes)))
 }
 
+mod call;
 mod check;
 mod client;
+mod limits;
 mod render;
+mod transcript;
+mod wav;
 
+pub use call::{call, CallArgs, Verdict};
 pub use check::{check, CheckArgs, Refused};
 use client::*;
 pub use client::{Body, Client};
+pub use limits::RunLimits;
 pub use render::agents_table;
 use render::*;
+pub use transcript::init as init_call_log;
 
 // ---------------------------------------------------------------------------------------------------
 // The commands

@@ -281,6 +281,11 @@ impl Instance {
         outcome
     }
 
+    /// Drops the instance as a trap would: the next call gets a fresh one.
+    pub fn discard(&mut self) {
+        self.live = None;
+    }
+
     fn over_wall(&self, event: &Event) -> Outcome {
         Outcome::Trapped {
             kind: TrapKind::WallDeadline,

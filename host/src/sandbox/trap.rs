@@ -27,11 +27,14 @@ pub enum TrapKind {
     HostResources,
     /// Any other trap, or an instance that could not be made.
     Other,
+    /// Not the guest's doing: the host was asked to replace the call's instance as if it had trapped
+    /// (`voicehost call`'s `/restart`).
+    Forced,
 }
 
 impl TrapKind {
     /// Every kind, in the order stats, metrics and logs list them.
-    pub const ALL: [TrapKind; 8] = [
+    pub const ALL: [TrapKind; 9] = [
         TrapKind::Panic,
         TrapKind::CpuDeadline,
         TrapKind::WallDeadline,
@@ -40,6 +43,7 @@ impl TrapKind {
         TrapKind::StackOverflow,
         TrapKind::HostResources,
         TrapKind::Other,
+        TrapKind::Forced,
     ];
 
     /// Where the kind is in [`TrapKind::ALL`].
@@ -58,6 +62,7 @@ impl TrapKind {
             TrapKind::HostResources => "host_resources",
             TrapKind::Panic => "panic",
             TrapKind::Other => "other",
+            TrapKind::Forced => "forced",
         }
     }
 }

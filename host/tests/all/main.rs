@@ -3,6 +3,7 @@
 
 mod admin_tls;
 mod cache;
+mod call;
 mod chaos;
 mod check;
 mod compiling;

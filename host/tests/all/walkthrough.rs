@@ -511,13 +511,27 @@ fn an_agent_author_writes_builds_and_hears_a_new_agent_as_the_guide_says() {
         "the component is where the guide says"
     );
 
-    // "Running": the simulator in one shell, the agent in another; the simulator's calls end on their own.
+    // "Running": first a call from the terminal, typed as the caller.
     let running = blocks_under(&guide, "## Running", "sh");
-    assert_eq!(running.len(), 2, "a block for each shell: update this test");
+    assert_eq!(
+        running.len(),
+        3,
+        "the terminal call, then a block for each shell: update this test"
+    );
+    first.start_command(&running[0]);
+    first.wait_for("agent: Hello!", STEP);
+    first.type_in("echo hello\n");
+    first.wait_for("agent: echo hello", STEP);
+    first.type_in("/hangup\n");
+    first.wait_for("call ended: caller_hung_up", STEP);
+    let called = first.run("echo \"call exited $?\"");
+    assert!(called.contains("call exited 0"), "{called}");
+
+    // Then the simulator in one shell, the agent in another; the simulator's calls end on their own.
     let mut second = fresh.shell("second");
-    second.start_command(&format!("{}echo '@@ calls done @@'", running[0]));
+    second.start_command(&format!("{}echo '@@ calls done @@'", running[1]));
     second.wait_for("waiting for agent_mine to connect", STEP);
-    first.start_command(&running[1]);
+    first.start_command(&running[2]);
     let calls = second.wait_for("@@ calls done @@", STEP);
     for said in ["agent: Hello!", "agent: echo hello", "agent: count"] {
         assert!(

@@ -1135,7 +1135,7 @@ impl Harness {
                 let spec = model::SessionSpec {
                     kind,
                     resumable: flags & 8 == 0,
-                    context: None,
+                    ..model::SessionSpec::text()
                 };
                 let id = self.sent.start(conn, &spec, None);
                 self.note(format!("Sent starts {id} on {conn}"));

@@ -918,6 +918,8 @@ impl World {
                     },
                     resumable,
                     context: None,
+                    from: None,
+                    to: None,
                 };
                 let streams_before = self.sent.conn(conn as u32).map(|c| c.streams.len());
                 self.sent.start(conn as u32, &spec, Some(&id));

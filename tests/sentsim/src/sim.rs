@@ -1030,6 +1030,12 @@ impl Call {
             .with(|sent, _| sent.send_unknown(&self.id, frame_type, note));
     }
 
+    /// A session frame of a type the protocol does not define, carrying `fields`.
+    pub fn send_frame(&self, frame_type: &str, fields: serde_json::Map<String, Value>) {
+        self.sim
+            .with(|sent, _| sent.send_unknown_with(&self.id, frame_type, fields));
+    }
+
     /// Caller audio on the session's stream.
     pub fn send_audio(&self, samples: &[u8]) {
         self.sim.with(|sent, _| sent.send_audio(&self.id, samples));

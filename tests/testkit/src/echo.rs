@@ -1,7 +1,7 @@
 //! Echo timing from Sent's side, for the neighbour bench and the fairness test: paced audio frames, a
 //! `prober` call told what to do on every frame, and each echo's latency as the simulator's recorder saw it.
 
-use sentsim::{Call, ConnHandle, Dir, Kind, Recorder, SessionSpec, What};
+use sentsim::{Call, ConnHandle, Dir, Recorder, SessionSpec, What};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -18,11 +18,8 @@ pub fn prober_call(conn: &ConnHandle, command: &str) -> Call {
     let mut context = serde_json::Map::new();
     context.insert("prober".into(), command.into());
     let call = conn.start(SessionSpec {
-        kind: Kind::Audio {
-            sample_rate: 16_000,
-        },
-        resumable: true,
         context: Some(context),
+        ..SessionSpec::audio(16_000)
     });
     call.count_audio_only();
     call

@@ -100,6 +100,10 @@ pub struct SessionSpec {
     pub resumable: bool,
     /// `session.start`'s `context`: what the customer's backend passed for the call.
     pub context: Option<Map<String, Value>>,
+    /// The caller (`from`); a number of Sent's own when `None`.
+    pub from: Option<Party>,
+    /// Who was called (`to`); the agent when `None`.
+    pub to: Option<Party>,
 }
 
 impl SessionSpec {
@@ -109,6 +113,8 @@ impl SessionSpec {
             kind: Kind::Text,
             resumable: true,
             context: None,
+            from: None,
+            to: None,
         }
     }
 
@@ -118,6 +124,8 @@ impl SessionSpec {
             kind: Kind::Audio { sample_rate },
             resumable: true,
             context: None,
+            from: None,
+            to: None,
         }
     }
 }
@@ -1027,14 +1035,14 @@ impl Sent {
             call_id: format!("call_sim-{number}"),
             agent_id: agent.clone(),
             direction: "inbound".into(),
-            from: Party {
+            from: spec.from.clone().unwrap_or_else(|| Party {
                 kind: "number".into(),
                 value: Some("+14155550100".into()),
-            },
-            to: Party {
+            }),
+            to: spec.to.clone().unwrap_or(Party {
                 kind: "agent".into(),
                 value: Some(agent),
-            },
+            }),
             session_type: match spec.kind {
                 Kind::Text => "text".into(),
                 Kind::Audio { .. } => "audio".into(),
@@ -1101,9 +1109,20 @@ impl Sent {
     /// A session frame of a type the protocol does not define (yet), with a `note`: counted by both sides.
     pub fn send_unknown(&mut self, session_id: &str, frame_type: &str, note: &str) {
         let mut fields = Map::new();
+        fields.insert("note".into(), Value::String(note.into()));
+        self.send_unknown_with(session_id, frame_type, fields);
+    }
+
+    /// A session frame of a type the protocol does not define, with `fields` beside its `type` and
+    /// `session_id`.
+    pub fn send_unknown_with(
+        &mut self,
+        session_id: &str,
+        frame_type: &str,
+        mut fields: Map<String, Value>,
+    ) {
         fields.insert("type".into(), Value::String(frame_type.into()));
         fields.insert("session_id".into(), Value::String(session_id.into()));
-        fields.insert("note".into(), Value::String(note.into()));
         let frame = Frame::Unknown(UnknownFrame {
             frame_type: frame_type.into(),
             session_id: Some(session_id.into()),

@@ -1,0 +1,780 @@
+//! `voicehost call --agent AGENT.wasm`: a call to one's own agent from the terminal. Sent is the embedded
+//! simulator (`sentsim`) on loopback; the host is `voicehost run`'s code (the agent's connection, its calls,
+//! the sandbox and its limits), nothing mocked inside it. A line typed is the caller's turn; a line that
+//! starts with `/` is a command ([`HELP`]). What happens on the call comes out one line each, so a pipe
+//! drives it as well as a person: lines in, lines out, and an exit code that says how the call went.
+
+use super::limits::RunLimits;
+use super::transcript::{one_line, say};
+use super::wav;
+use crate::agent::{self, Admission, AgentConfig, CallRules, Deployment, Dial};
+use crate::sandbox::budget::Budget;
+use crate::sandbox::{AgentCode, Sandbox};
+use crate::stats::Stats;
+use anyhow::{bail, Context as _, Result};
+use sentdm_voice_agents::frames::Party;
+use sentsim::model::ToolPlan;
+use sentsim::record::Record;
+use sentsim::{Dir, Kind, SessionSpec, Sim, SimConfig, What};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::io::IsTerminal as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::io::AsyncBufReadExt as _;
+use tokio::sync::watch;
+
+/// `voicehost call`'s arguments.
+#[derive(clap::Args)]
+pub struct CallArgs {
+    /// The agent's component (.wasm), compiled on this machine.
+    #[arg(long, value_name = "AGENT.wasm")]
+    pub agent: PathBuf,
+    /// The agent's id on the call (what its `info` says).
+    #[arg(long, default_value = "agent_local", value_parser = agent_id)]
+    pub agent_id: String,
+    /// An audio call: the caller's audio from this WAV file (PCM or float, any rate, any channels: mixed
+    /// to mono and resampled to --rate), played in real time from the start of the call.
+    #[arg(long, value_name = "WAV")]
+    pub audio: Option<PathBuf>,
+    /// An audio call: the agent's audio written to this WAV file (16-bit mono at --rate) when the call ends.
+    #[arg(long, value_name = "WAV")]
+    pub audio_out: Option<PathBuf>,
+    /// The audio call's sample rate: 8000, 16000 or 24000 Hz (the rates Sent uses).
+    #[arg(long, value_name = "HZ", default_value_t = 16000, value_parser = sample_rate)]
+    pub rate: u32,
+    /// How Sent answers the agent's tool calls: a TOML file with a `[tools]` table, each tool `"ok"`,
+    /// `{ error = "CODE" }` (a failed `tool.result`) or `{ refused = "CODE" }` (an `error` frame instead).
+    /// Tools it does not name succeed, as they do without the file.
+    #[arg(long, value_name = "TOML")]
+    pub tools: Option<PathBuf>,
+    /// `session.start`'s `context`: a JSON object, as the customer's backend would pass it.
+    #[arg(long, value_name = "JSON", value_parser = context)]
+    pub context: Option<Map<String, Value>>,
+    /// The caller: `KIND:VALUE` (Sent's party kinds: `number:+14155550100`, `user:u_1`, …) or a number.
+    #[arg(long, value_name = "PARTY", default_value = "+14155550100", value_parser = party)]
+    pub from: Party,
+    /// Who was called: `KIND:VALUE` or a number (the agent itself when left out).
+    #[arg(long, value_name = "PARTY", value_parser = party)]
+    pub to: Option<Party>,
+    /// Compile the component again whenever its file changes: the next call gets the new build (a build
+    /// that cannot serve is shown, and the last good one kept). After a call, Enter starts the next.
+    #[arg(long)]
+    pub watch: bool,
+    /// The limits of the call's instance, as `voicehost run` takes them.
+    #[command(flatten)]
+    pub limits: RunLimits,
+}
+
+/// The commands of the prompt.
+pub const HELP: &str = "\
+commands: /dtmf DIGITS (the caller presses keys), /correct TEXT (the caller's last turn, corrected), \
+/drop (the connection drops; the host resumes the call on a new one), /restart (the agent's instance \
+traps; a fresh one gets on-restart), /hangup (the caller hangs up), /help";
+
+/// How the call (or the calls, with `--watch`) went: the exit code's meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every call ended as a call should: hung up by the caller or the agent, or transferred.
+    Ended,
+    /// The host gave up on the agent (its failure policy), a call was lost, or the agent broke the
+    /// protocol.
+    AgentFailed,
+}
+
+/// The agent as Sent knows it on the simulator, and its key there.
+const API_KEY: &str = "voicehost-call";
+/// One live call, and room for the fresh instance of a restart while the old one is being dropped.
+const POOL_CALLS: usize = 2;
+/// The longest caller audio taken from a WAV file: Sent's longest call (`max_duration_ms`).
+const MAX_AUDIO: Duration = Duration::from_secs(30 * 60);
+/// When the input has ended, the caller hangs up once its audio has been played and the agent's has been
+/// quiet this long.
+const AUDIO_TAIL: Duration = Duration::from_secs(1);
+/// How long the host may take to connect to the simulator.
+const CONNECT_WAIT: Duration = Duration::from_secs(10);
+/// How long the agent must have been quiet (no frame) before the caller's next line is taken.
+const QUIET: Duration = Duration::from_millis(300);
+/// The longest the caller's next line waits for the agent's answer to the turn before.
+const TURN_WAIT: Duration = Duration::from_secs(3);
+/// How long the host may take to finish a call after Sent ended it (the guest's `on-session-end`).
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// Places the calls; returns how they went. An error means nothing could be tried (a flag, a file, a
+/// component that cannot serve).
+pub async fn call(args: CallArgs) -> Result<Verdict> {
+    let rules = args.limits.rules()?;
+    let answers = match &args.tools {
+        Some(path) => ToolAnswers::read(path)?,
+        None => ToolAnswers::default(),
+    };
+    let audio = match &args.audio {
+        Some(path) => Some(wav::read(path, args.rate, MAX_AUDIO)?),
+        None => None,
+    };
+    let sandbox = Sandbox::for_calls(POOL_CALLS)?;
+    let code = compile(&sandbox, &args.agent)?;
+    let sim = Sim::start_local(SimConfig {
+        accounts: vec![sentsim::sim::Account {
+            api_key: API_KEY.into(),
+            agents: vec![args.agent_id.clone()],
+        }],
+        ..SimConfig::default()
+    })
+    .await?;
+    let (deploy, deployment) = watch::channel(Arc::new(Deployment {
+        version: 1,
+        code,
+        rules: rules.clone(),
+    }));
+    let config = AgentConfig {
+        dial: Dial::new(sim.url(), args.agent_id.clone(), API_KEY),
+        deployment,
+        connections: 1,
+        admission: Admission::new(Vec::new())
+            .with_slots(Budget::new(POOL_CALLS as u64).part(&args.agent_id)),
+    };
+    let stats = Arc::new(Stats::default());
+    let (stop, stopped) = watch::channel(false);
+    let serving = tokio::spawn(agent::serve(config, stats.clone(), stopped));
+    let watching = args
+        .watch
+        .then(|| tokio::spawn(watch_file(args.agent.clone(), sandbox, rules, deploy)));
+
+    let mut input = Input::stdin();
+    let mut verdict = Verdict::Ended;
+    let mut number = 1;
+    let result = loop {
+        let spec = SessionSpec {
+            kind: if audio.is_some() || args.audio_out.is_some() {
+                Kind::Audio {
+                    sample_rate: args.rate,
+                }
+            } else {
+                Kind::Text
+            },
+            resumable: true,
+            context: args.context.clone(),
+            from: Some(args.from.clone()),
+            to: args.to.clone(),
+        };
+        let call = Conversation::start(&sim, &args.agent_id, spec, &answers, number).await;
+        let mut call = match call {
+            Ok(call) => call,
+            Err(error) => break Err(error),
+        };
+        let ended = call
+            .converse(&stats, &mut input, audio.as_deref(), args.rate)
+            .await;
+        if let Some(path) = &args.audio_out {
+            call.write_audio(path, args.rate);
+        }
+        if ended == Verdict::AgentFailed {
+            verdict = Verdict::AgentFailed;
+        }
+        if !args.watch || input.ended {
+            break Ok(verdict);
+        }
+        say("Enter starts the next call (with the agent as last built); end the input to stop");
+        match input.next().await {
+            Some(_) => number += 1,
+            None => break Ok(verdict),
+        }
+    };
+    if let Some(watching) = watching {
+        watching.abort();
+    }
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(2), serving).await;
+    let violations = sim.violations_since(0);
+    sim.shutdown();
+    for violation in &violations {
+        say(&format!("protocol violation by the host: {violation}"));
+    }
+    let verdict = result?;
+    Ok(if violations.is_empty() {
+        verdict
+    } else {
+        Verdict::AgentFailed
+    })
+}
+
+fn compile(sandbox: &Sandbox, path: &Path) -> Result<AgentCode> {
+    let wasm = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let started = Instant::now();
+    let code = sandbox
+        .load(&wasm)
+        .with_context(|| format!("{} cannot serve as an agent", path.display()))?;
+    say(&format!(
+        "compiled {} ({} KiB) in {} ms",
+        path.display(),
+        wasm.len().div_ceil(1024),
+        started.elapsed().as_millis()
+    ));
+    Ok(code)
+}
+
+/// `--watch`: compiles the file again when its size or modification time changes (once it has stayed
+/// the same for one look), and hands a build that loads to the next call.
+async fn watch_file(
+    path: PathBuf,
+    sandbox: Sandbox,
+    rules: CallRules,
+    deploy: watch::Sender<Arc<Deployment>>,
+) {
+    const LOOK: Duration = Duration::from_millis(250);
+    let stamp = |path: &Path| {
+        std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
+    };
+    let mut built = stamp(&path);
+    let mut seen = built;
+    let mut version = 1;
+    let sandbox = Arc::new(sandbox);
+    loop {
+        tokio::time::sleep(LOOK).await;
+        let now = stamp(&path);
+        // A build still being written changes between two looks: wait until it stops changing.
+        if now != seen {
+            seen = now;
+            continue;
+        }
+        if now == built || now.is_none() {
+            continue;
+        }
+        built = now;
+        let (sandbox, file) = (sandbox.clone(), path.clone());
+        let compiled = tokio::task::spawn_blocking(move || compile(&sandbox, &file)).await;
+        match compiled {
+            Ok(Ok(code)) => {
+                version += 1;
+                deploy.send_replace(Arc::new(Deployment {
+                    version,
+                    code,
+                    rules: rules.clone(),
+                }));
+                say(&format!(
+                    "build {version} loaded: the next call gets it (a live call keeps its own)"
+                ));
+            }
+            Ok(Err(error)) => say(&format!(
+                "the changed file cannot serve, so the next call keeps build {version}: {error:#}"
+            )),
+            Err(_) => {}
+        }
+    }
+}
+
+/// The caller's lines from stdin.
+struct Input {
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::io::Stdin>>,
+    /// Stdin has ended (or failed): the caller hangs up, and no further call starts.
+    ended: bool,
+    /// Stdin is not a terminal: a line waits for the agent's answer to the one before.
+    paced: bool,
+}
+
+impl Input {
+    fn stdin() -> Input {
+        Input {
+            lines: tokio::io::BufReader::new(tokio::io::stdin()).lines(),
+            ended: false,
+            paced: !std::io::stdin().is_terminal(),
+        }
+    }
+
+    /// The next line; `None` once the input has ended.
+    async fn next(&mut self) -> Option<String> {
+        if self.ended {
+            return None;
+        }
+        match self.lines.next_line().await {
+            Ok(Some(line)) => Some(line),
+            Ok(None) | Err(_) => {
+                self.ended = true;
+                None
+            }
+        }
+    }
+}
+
+/// How Sent answers the agent's tools (`--tools`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolAnswers {
+    #[serde(default)]
+    tools: BTreeMap<String, ToolAnswer>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum ToolAnswer {
+    Ok,
+    Error(String),
+    Refused(String),
+}
+
+impl ToolAnswers {
+    fn read(path: &Path) -> Result<ToolAnswers> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--tools: cannot read {}", path.display()))?;
+        let answers: ToolAnswers =
+            toml::from_str(&text).with_context(|| format!("--tools {}", path.display()))?;
+        for (name, answer) in &answers.tools {
+            let code = match answer {
+                ToolAnswer::Ok => continue,
+                ToolAnswer::Error(code) | ToolAnswer::Refused(code) => code,
+            };
+            if !is_code(code) {
+                bail!("--tools {}: {name}'s code {code:?} is not a protocol error code (^[a-z][a-z0-9_]*$)", path.display());
+            }
+        }
+        Ok(answers)
+    }
+
+    fn plans(&self) -> impl Iterator<Item = (&str, ToolPlan)> {
+        self.tools.iter().map(|(name, answer)| {
+            let plan = match answer {
+                ToolAnswer::Ok => ToolPlan::Ok,
+                ToolAnswer::Error(code) => ToolPlan::Fail(code.clone()),
+                ToolAnswer::Refused(code) => ToolPlan::Refuse(code.clone()),
+            };
+            (name.as_str(), plan)
+        })
+    }
+}
+
+fn is_code(code: &str) -> bool {
+    let mut chars = code.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// One call, from Sent's side.
+struct Conversation {
+    sim: Sim,
+    call: sentsim::Call,
+    /// The next record of the simulator's not yet shown.
+    cursor: usize,
+    /// The caller's last turn, not yet answered: when it was taken.
+    turn: Option<Instant>,
+    /// When the agent last sent a frame (its audio aside).
+    last_heard: Instant,
+    /// When the agent last sent audio.
+    last_audio: Instant,
+    /// Tool calls waiting for Sent's answer, by `call_ref`: their names.
+    tools: HashMap<String, String>,
+    /// The agent's audio, 16-bit samples as they arrived.
+    heard: Vec<u8>,
+    /// The agent's audio past [`MAX_AUDIO`], not kept.
+    heard_dropped: usize,
+    /// `/dtmf` was explained already.
+    dtmf_explained: bool,
+}
+
+impl Conversation {
+    async fn start(
+        sim: &Sim,
+        agent_id: &str,
+        spec: SessionSpec,
+        answers: &ToolAnswers,
+        number: u32,
+    ) -> Result<Conversation> {
+        let conn = connection(sim, agent_id).await?;
+        let cursor = sim.recorder().len();
+        let kind = match spec.kind {
+            Kind::Text => "a text call".to_string(),
+            Kind::Audio { sample_rate } => format!("an audio call at {sample_rate} Hz"),
+        };
+        let call = conn.start(spec);
+        for (name, plan) in answers.plans() {
+            call.plan_tool(name, plan);
+        }
+        say(&format!(
+            "call {number}: {kind}, session {}. Type as the caller; /help for commands.",
+            call.id
+        ));
+        Ok(Conversation {
+            sim: sim.clone(),
+            call,
+            cursor,
+            turn: Some(Instant::now()),
+            last_heard: Instant::now(),
+            last_audio: Instant::now(),
+            tools: HashMap::new(),
+            heard: Vec::new(),
+            heard_dropped: 0,
+            dtmf_explained: false,
+        })
+    }
+
+    /// The call, until it ends: the caller's lines and audio in, what happens out. Once the input has
+    /// ended, the caller hangs up as soon as the agent has answered and fallen quiet (and the caller's
+    /// audio has been played).
+    async fn converse(
+        &mut self,
+        stats: &Stats,
+        input: &mut Input,
+        audio: Option<&[u8]>,
+        rate: u32,
+    ) -> Verdict {
+        let policies = stats.policies_applied.get();
+        let frame = rate as usize / 50 * 2;
+        let mut played = 0;
+        let mut played_at: Option<Instant> = None;
+        let mut pace = tokio::time::interval(Duration::from_millis(20));
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut look = tokio::time::interval(Duration::from_millis(50));
+        let mut hung_up = false;
+        let recorder = self.sim.recorder().clone();
+        let session = self.call.id.clone();
+        let ended = loop {
+            let audio_left = audio.is_some_and(|a| played < a.len());
+            // Piped in, the next line waits for the agent's answer to the turn before, and for it to
+            // fall quiet: a script then reads as the conversation it is. A person at a terminal paces
+            // their own turns.
+            let waiting = input.paced
+                && (self.turn.is_some_and(|at| at.elapsed() < TURN_WAIT)
+                    || self.last_heard.elapsed() < QUIET);
+            tokio::select! {
+                biased;
+                record = recorder.wait_for(self.cursor, Duration::from_secs(3600), "", |_| false, |r| shown(r, &session)) => {
+                    let Ok(record) = record else { continue };
+                    self.cursor = record.seq + 1;
+                    if let Some(reason) = self.show(&record) {
+                        break Some(reason);
+                    }
+                }
+                _ = pace.tick(), if audio_left => {
+                    let audio = audio.unwrap_or_default();
+                    let end = (played + frame).min(audio.len());
+                    if played == 0 {
+                        self.turn = Some(Instant::now());
+                    }
+                    self.call.send_audio(&audio[played..end]);
+                    played = end;
+                    if played == audio.len() {
+                        played_at = Some(Instant::now());
+                        say(&format!(
+                            "caller: (the audio has been played: {:.2} s)",
+                            audio.len() as f64 / 2.0 / f64::from(rate)
+                        ));
+                    }
+                }
+                line = input.next(), if !input.ended && !waiting => {
+                    if let Some(line) = line {
+                        self.command(line.trim(), stats, audio.is_some());
+                    }
+                }
+                _ = look.tick() => {
+                    // The agent's answer to the last of the caller's audio has come back too.
+                    let audio_done = audio.is_none()
+                        || (played_at.is_some_and(|at| at.elapsed() >= AUDIO_TAIL)
+                            && self.last_audio.elapsed() >= AUDIO_TAIL);
+                    if input.ended && !hung_up && !waiting && audio_done {
+                        hung_up = true;
+                        self.hang_up();
+                    }
+                    if self.call.state().is_some_and(|s| s.lost) {
+                        say("call lost: Sent can no longer resume it (its caller went to the fallback)");
+                        break None;
+                    }
+                }
+            }
+        };
+        // The host's side of the end: the guest's on-session-end, and what it logs.
+        let settled = Instant::now();
+        while stats.live_count() > 0 && settled.elapsed() < SETTLE {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let gave_up = stats.policies_applied.get() > policies;
+        if gave_up {
+            say("the host gave up on the agent for this call: it applied the failure policy");
+        }
+        match ended {
+            Some(_) if !gave_up => Verdict::Ended,
+            _ => Verdict::AgentFailed,
+        }
+    }
+
+    fn hang_up(&self) {
+        say("caller: (hangs up)");
+        self.call.end("caller_hung_up");
+    }
+
+    /// A line typed as the caller: a turn, or a command.
+    fn command(&mut self, line: &str, stats: &Stats, audio: bool) {
+        let (command, rest) = match line.strip_prefix('/') {
+            Some(command) => command
+                .split_once(' ')
+                .map_or((command, ""), |(c, r)| (c, r.trim())),
+            None if line.is_empty() => return,
+            None if audio => {
+                say(
+                    "an audio call: the caller speaks through --audio (commands still work; /help)",
+                );
+                return;
+            }
+            None => {
+                self.turn = Some(Instant::now());
+                self.call.say(line);
+                return;
+            }
+        };
+        match (command, rest) {
+            ("help", _) => say(HELP),
+            ("hangup", _) => self.hang_up(),
+            ("correct", text) if !text.is_empty() && !audio => {
+                self.turn = Some(Instant::now());
+                self.call.correct(text);
+            }
+            ("dtmf", digits) if is_dtmf(digits) => {
+                if !self.dtmf_explained {
+                    self.dtmf_explained = true;
+                    say("note: protocol 0.2.0 has no frame for the caller's keys; the agent gets them as a \
+                         `user.dtmf` frame of a later version, through on-frame");
+                }
+                let mut fields = Map::new();
+                fields.insert("digits".into(), Value::String(digits.into()));
+                self.turn = Some(Instant::now());
+                self.call.send_frame("user.dtmf", fields);
+            }
+            ("drop", _) => match self.call.state().and_then(|s| s.conn) {
+                Some(conn) => {
+                    say(&format!("(connection {conn} drops)"));
+                    self.sim.conn(conn).drop_abruptly();
+                }
+                None => say("the call is on no connection now (it is being resumed)"),
+            },
+            ("restart", _) => {
+                if stats.force_trap(&self.call.id) {
+                    say("(the agent's instance is made to trap)");
+                } else {
+                    say("the call has no instance now");
+                }
+            }
+            ("correct", _) => say("/correct TEXT, on a text call"),
+            ("dtmf", _) => say("/dtmf DIGITS: 0-9, *, #, A-D"),
+            _ => say(&format!("unknown command /{command}; {HELP}")),
+        }
+    }
+
+    /// Shows one record of the session or of a connection; returns the end's reason once Sent has ended
+    /// the call.
+    fn show(&mut self, record: &Record) -> Option<String> {
+        let reply = record.dir == Dir::FromAgent
+            && (matches!(record.what, What::Audio { .. })
+                || matches!(
+                    record.frame_type(),
+                    Some("agent.say" | "agent.clear" | "tool.call")
+                ));
+        if reply && !matches!(record.what, What::Audio { .. }) {
+            self.last_heard = Instant::now();
+        }
+        if reply {
+            if let Some(at) = self.turn.take() {
+                say(&format!(
+                    "turn: {} ms to the agent's first reply",
+                    record.at.saturating_duration_since(at).as_millis()
+                ));
+            }
+        }
+        match &record.what {
+            What::Audio { samples, .. } if record.dir == Dir::FromAgent => {
+                self.last_audio = Instant::now();
+                let room = MAX_AUDIO.as_secs() as usize * 48_000;
+                if self.heard.len() + samples.len() <= room {
+                    self.heard.extend_from_slice(samples);
+                } else {
+                    self.heard_dropped += samples.len();
+                }
+            }
+            What::Frame { json, .. } => return self.show_frame(record, json),
+            What::Closed { how } => say(&format!("(connection {} closed: {how})", record.conn)),
+            _ => {}
+        }
+        None
+    }
+
+    fn show_frame(&mut self, record: &Record, json: &Value) -> Option<String> {
+        let text = |key: &str| json[key].as_str().unwrap_or_default().to_string();
+        match (record.dir, record.frame_type().unwrap_or_default()) {
+            (Dir::FromAgent, "agent.say") => {
+                let last = json["last"].as_bool().unwrap_or(true);
+                say(&format!(
+                    "agent{} {}",
+                    if last { ":" } else { "…" },
+                    one_line(&text("text"))
+                ));
+            }
+            (Dir::FromAgent, "agent.clear") => say("agent: (clears its speech not yet played)"),
+            (Dir::FromAgent, "tool.call") => {
+                let name = text("name");
+                let arguments = json
+                    .get("arguments")
+                    .map_or(String::new(), |a| format!(" {a}"));
+                say(&format!("tool: {name}{arguments}"));
+                self.tools.insert(text("call_ref"), name);
+            }
+            (Dir::FromAgent, "session.resume") => {
+                say(&format!(
+                    "(the host resumes the call on connection {})",
+                    record.conn
+                ));
+            }
+            (Dir::ToAgent, "tool.result") => {
+                let name = self.tools.remove(&text("call_ref")).unwrap_or_default();
+                let outcome = if json["ok"].as_bool() == Some(true) {
+                    "ok".to_string()
+                } else {
+                    format!("error {}", json["error"]["code"].as_str().unwrap_or("?"))
+                };
+                say(&format!("tool: {name} → {outcome}"));
+            }
+            (Dir::ToAgent, "error") => say(&format!(
+                "sent: error {} refusing {}: {}",
+                json["error"]["code"].as_str().unwrap_or("?"),
+                json["frame_type"].as_str().unwrap_or("a frame"),
+                one_line(json["error"]["message"].as_str().unwrap_or_default())
+            )),
+            (Dir::ToAgent, "session.resumed") => say(&format!(
+                "(the call is resumed on connection {})",
+                record.conn
+            )),
+            (Dir::ToAgent, "connection.ready") => {
+                say(&format!("(connection {} is ready)", record.conn));
+            }
+            (Dir::ToAgent, "session.end") => {
+                let reason = text("reason");
+                say(&format!("call ended: {reason}"));
+                return Some(reason);
+            }
+            _ => {}
+        }
+        None
+    }
+
+    /// `--audio-out`: what the agent said, as a WAV file.
+    fn write_audio(&self, path: &Path, rate: u32) {
+        match wav::write(path, rate, &self.heard) {
+            Ok(()) => say(&format!(
+                "the agent's audio: {:.2} s written to {}{}",
+                self.heard.len() as f64 / 2.0 / rate as f64,
+                path.display(),
+                if self.heard_dropped > 0 {
+                    format!(
+                        " (the rest, past {} minutes, not kept)",
+                        MAX_AUDIO.as_secs() / 60
+                    )
+                } else {
+                    String::new()
+                }
+            )),
+            Err(error) => say(&format!("cannot write {}: {error:#}", path.display())),
+        }
+    }
+}
+
+/// A connection of the agent's a call can start on: the newest ready one (Sent starts a session right
+/// after `connection.ready`, as it may).
+async fn connection(sim: &Sim, agent_id: &str) -> Result<sentsim::ConnHandle> {
+    let started = Instant::now();
+    loop {
+        if let Some(conn) = sim.usable_connections(agent_id).pop() {
+            return Ok(conn);
+        }
+        if started.elapsed() > CONNECT_WAIT {
+            bail!(
+                "the host did not connect to the simulator within {} s",
+                CONNECT_WAIT.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether a record is the call's to show: the session's frames and audio, and what happens to the
+/// connections (one drops, a new one is ready).
+fn shown(record: &Record, session: &str) -> bool {
+    match record.session.as_deref() {
+        Some(id) => id == session,
+        None => {
+            matches!(record.what, What::Closed { .. })
+                || record.is_frame(Dir::ToAgent, "connection.ready")
+        }
+    }
+}
+
+fn is_dtmf(digits: &str) -> bool {
+    !digits.is_empty()
+        && digits
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '*' | '#' | 'A'..='D'))
+}
+
+fn agent_id(arg: &str) -> Result<String, String> {
+    crate::tenancy::check_agent_id(arg)
+        .map(|()| arg.to_string())
+        .map_err(|e| e.to_string())
+}
+
+fn sample_rate(arg: &str) -> Result<u32, String> {
+    match arg.parse() {
+        Ok(rate @ (8000 | 16000 | 24000)) => Ok(rate),
+        _ => Err("8000, 16000 or 24000 (Hz)".into()),
+    }
+}
+
+fn context(arg: &str) -> Result<Map<String, Value>, String> {
+    match serde_json::from_str(arg) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err("a JSON object, e.g. '{\"order\":\"A-17\"}'".into()),
+        Err(error) => Err(format!("not JSON: {error}")),
+    }
+}
+
+fn party(arg: &str) -> Result<Party, String> {
+    let (kind, value) = match arg.split_once(':') {
+        Some((kind, value)) => (kind, value),
+        None => ("number", arg),
+    };
+    if kind.is_empty() || value.is_empty() {
+        return Err("KIND:VALUE (e.g. number:+14155550100), or a number".into());
+    }
+    Ok(Party {
+        kind: kind.into(),
+        value: Some(value.into()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_answers_read_ok_errors_and_refusals() {
+        let answers: ToolAnswers = toml::from_str(
+            "[tools]\ntransfer = \"ok\"\nsend_dtmf = { error = \"busy\" }\nhold = { refused = \"tool_not_allowed\" }\n",
+        )
+        .unwrap();
+        let plans: Vec<_> = answers.plans().collect();
+        assert_eq!(
+            plans,
+            vec![
+                ("hold", ToolPlan::Refuse("tool_not_allowed".into())),
+                ("send_dtmf", ToolPlan::Fail("busy".into())),
+                ("transfer", ToolPlan::Ok),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_party_is_kind_and_value_or_a_number() {
+        assert_eq!(party("user:u_1").unwrap().kind, "user");
+        assert_eq!(party("+14155550100").unwrap().kind, "number");
+        assert!(party("user:").is_err());
+    }
+}
