@@ -51,6 +51,10 @@ enum Command {
     /// the call ended as calls do, 1 when the host gave up on the agent (its failure policy), lost the
     /// call or saw it break the protocol, 2 when nothing could start.
     Call(cli::CallArgs),
+    /// Test your agent, for CI: the checks every agent must pass (it starts and ends cleanly, survives a
+    /// dropped connection and a forced restart, keeps up with audio), then the scenarios of TOML files.
+    /// One line per test; exits 0 when all pass, 1 when one fails, 2 when nothing could be tested.
+    Test(cli::TestArgs),
     /// Check a component as an upload would, offline: the world, the pool's maxima, the initial memory,
     /// the compile's cost, the quota. Exits 1, saying why (the admin API's code and message), when an
     /// upload would be refused; 2 when the check could not be made.
@@ -138,11 +142,26 @@ fn main() {
 fn start(command: Command) -> Result<()> {
     if matches!(command, Command::Call(_)) {
         cli::init_call_log();
+    } else if matches!(command, Command::Test(_)) {
+        // Its report is stdout's; the host's warnings (a trap, a failed handler) go to stderr.
+        voicehost::logging::init("warn");
     } else {
         voicehost::logging::init(voicehost::logging::DEFAULT);
     }
     let runtime = tokio::runtime::Runtime::new()?;
     let result = match command {
+        Command::Test(args) => {
+            let code = match runtime.block_on(cli::test(args)) {
+                Ok(tally) if tally.failed == 0 => 0,
+                Ok(_) => 1,
+                Err(error) => {
+                    eprintln!("voicehost: {error:#}");
+                    2
+                }
+            };
+            runtime.shutdown_timeout(EXIT_GRACE);
+            std::process::exit(code);
+        }
         Command::Call(args) => {
             let code = match runtime.block_on(cli::call(args)) {
                 Ok(cli::Verdict::Ended) => 0,

@@ -5,20 +5,18 @@
 //! drives it as well as a person: lines in, lines out, and an exit code that says how the call went.
 
 use super::limits::RunLimits;
+use super::local::{compile, Local, ToolAnswers, POOL_CALLS};
 use super::transcript::{one_line, say};
 use super::wav;
-use crate::agent::{self, Admission, AgentConfig, CallRules, Deployment, Dial};
-use crate::sandbox::budget::Budget;
-use crate::sandbox::{AgentCode, Sandbox};
+use crate::agent::{CallRules, Deployment};
+use crate::sandbox::Sandbox;
 use crate::stats::Stats;
-use anyhow::{bail, Context as _, Result};
+use anyhow::Result;
 use sentdm_voice_agents::frames::Party;
-use sentsim::model::ToolPlan;
 use sentsim::record::Record;
-use sentsim::{Dir, Kind, SessionSpec, Sim, SimConfig, What};
-use serde::Deserialize;
+use sentsim::{Dir, Kind, SessionSpec, Sim, What};
 use serde_json::{Map, Value};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -84,17 +82,11 @@ pub enum Verdict {
     AgentFailed,
 }
 
-/// The agent as Sent knows it on the simulator, and its key there.
-const API_KEY: &str = "voicehost-call";
-/// One live call, and room for the fresh instance of a restart while the old one is being dropped.
-const POOL_CALLS: usize = 2;
 /// The longest caller audio taken from a WAV file: Sent's longest call (`max_duration_ms`).
 const MAX_AUDIO: Duration = Duration::from_secs(30 * 60);
 /// When the input has ended, the caller hangs up once its audio has been played and the agent's has been
 /// quiet this long.
 const AUDIO_TAIL: Duration = Duration::from_secs(1);
-/// How long the host may take to connect to the simulator.
-const CONNECT_WAIT: Duration = Duration::from_secs(10);
 /// How long the agent must have been quiet (no frame) before the caller's next line is taken.
 const QUIET: Duration = Duration::from_millis(300);
 /// The longest the caller's next line waits for the agent's answer to the turn before.
@@ -116,32 +108,11 @@ pub async fn call(args: CallArgs) -> Result<Verdict> {
     };
     let sandbox = Sandbox::for_calls(POOL_CALLS)?;
     let code = compile(&sandbox, &args.agent)?;
-    let sim = Sim::start_local(SimConfig {
-        accounts: vec![sentsim::sim::Account {
-            api_key: API_KEY.into(),
-            agents: vec![args.agent_id.clone()],
-        }],
-        ..SimConfig::default()
-    })
-    .await?;
-    let (deploy, deployment) = watch::channel(Arc::new(Deployment {
-        version: 1,
-        code,
-        rules: rules.clone(),
-    }));
-    let config = AgentConfig {
-        dial: Dial::new(sim.url(), args.agent_id.clone(), API_KEY),
-        deployment,
-        connections: 1,
-        admission: Admission::new(Vec::new())
-            .with_slots(Budget::new(POOL_CALLS as u64).part(&args.agent_id)),
-    };
-    let stats = Arc::new(Stats::default());
-    let (stop, stopped) = watch::channel(false);
-    let serving = tokio::spawn(agent::serve(config, stats.clone(), stopped));
-    let watching = args
-        .watch
-        .then(|| tokio::spawn(watch_file(args.agent.clone(), sandbox, rules, deploy)));
+    let local = Local::start(&args.agent_id, code, rules.clone()).await?;
+    let watching = args.watch.then(|| {
+        let deploy = local.deploy.clone();
+        tokio::spawn(watch_file(args.agent.clone(), sandbox, rules, deploy))
+    });
 
     let mut input = Input::stdin();
     let mut verdict = Verdict::Ended;
@@ -160,13 +131,13 @@ pub async fn call(args: CallArgs) -> Result<Verdict> {
             from: Some(args.from.clone()),
             to: args.to.clone(),
         };
-        let call = Conversation::start(&sim, &args.agent_id, spec, &answers, number).await;
+        let call = Conversation::start(&local, spec, &answers, number).await;
         let mut call = match call {
             Ok(call) => call,
             Err(error) => break Err(error),
         };
         let ended = call
-            .converse(&stats, &mut input, audio.as_deref(), args.rate)
+            .converse(&local.stats, &mut input, audio.as_deref(), args.rate)
             .await;
         if let Some(path) = &args.audio_out {
             call.write_audio(path, args.rate);
@@ -186,10 +157,7 @@ pub async fn call(args: CallArgs) -> Result<Verdict> {
     if let Some(watching) = watching {
         watching.abort();
     }
-    let _ = stop.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(2), serving).await;
-    let violations = sim.violations_since(0);
-    sim.shutdown();
+    let violations = local.stop().await;
     for violation in &violations {
         say(&format!("protocol violation by the host: {violation}"));
     }
@@ -199,21 +167,6 @@ pub async fn call(args: CallArgs) -> Result<Verdict> {
     } else {
         Verdict::AgentFailed
     })
-}
-
-fn compile(sandbox: &Sandbox, path: &Path) -> Result<AgentCode> {
-    let wasm = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let started = Instant::now();
-    let code = sandbox
-        .load(&wasm)
-        .with_context(|| format!("{} cannot serve as an agent", path.display()))?;
-    say(&format!(
-        "compiled {} ({} KiB) in {} ms",
-        path.display(),
-        wasm.len().div_ceil(1024),
-        started.elapsed().as_millis()
-    ));
-    Ok(code)
 }
 
 /// `--watch`: compiles the file again when its size or modification time changes (once it has stayed
@@ -301,58 +254,6 @@ impl Input {
     }
 }
 
-/// How Sent answers the agent's tools (`--tools`).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ToolAnswers {
-    #[serde(default)]
-    tools: BTreeMap<String, ToolAnswer>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-enum ToolAnswer {
-    Ok,
-    Error(String),
-    Refused(String),
-}
-
-impl ToolAnswers {
-    fn read(path: &Path) -> Result<ToolAnswers> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--tools: cannot read {}", path.display()))?;
-        let answers: ToolAnswers =
-            toml::from_str(&text).with_context(|| format!("--tools {}", path.display()))?;
-        for (name, answer) in &answers.tools {
-            let code = match answer {
-                ToolAnswer::Ok => continue,
-                ToolAnswer::Error(code) | ToolAnswer::Refused(code) => code,
-            };
-            if !is_code(code) {
-                bail!("--tools {}: {name}'s code {code:?} is not a protocol error code (^[a-z][a-z0-9_]*$)", path.display());
-            }
-        }
-        Ok(answers)
-    }
-
-    fn plans(&self) -> impl Iterator<Item = (&str, ToolPlan)> {
-        self.tools.iter().map(|(name, answer)| {
-            let plan = match answer {
-                ToolAnswer::Ok => ToolPlan::Ok,
-                ToolAnswer::Error(code) => ToolPlan::Fail(code.clone()),
-                ToolAnswer::Refused(code) => ToolPlan::Refuse(code.clone()),
-            };
-            (name.as_str(), plan)
-        })
-    }
-}
-
-fn is_code(code: &str) -> bool {
-    let mut chars = code.chars();
-    chars.next().is_some_and(|c| c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-}
-
 /// One call, from Sent's side.
 struct Conversation {
     sim: Sim,
@@ -377,13 +278,13 @@ struct Conversation {
 
 impl Conversation {
     async fn start(
-        sim: &Sim,
-        agent_id: &str,
+        local: &Local,
         spec: SessionSpec,
         answers: &ToolAnswers,
         number: u32,
     ) -> Result<Conversation> {
-        let conn = connection(sim, agent_id).await?;
+        let conn = local.connection().await?;
+        let sim = &local.sim;
         let cursor = sim.recorder().len();
         let kind = match spec.kind {
             Kind::Text => "a text call".to_string(),
@@ -678,24 +579,6 @@ impl Conversation {
     }
 }
 
-/// A connection of the agent's a call can start on: the newest ready one (Sent starts a session right
-/// after `connection.ready`, as it may).
-async fn connection(sim: &Sim, agent_id: &str) -> Result<sentsim::ConnHandle> {
-    let started = Instant::now();
-    loop {
-        if let Some(conn) = sim.usable_connections(agent_id).pop() {
-            return Ok(conn);
-        }
-        if started.elapsed() > CONNECT_WAIT {
-            bail!(
-                "the host did not connect to the simulator within {} s",
-                CONNECT_WAIT.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Whether a record is the call's to show: the session's frames and audio, and what happens to the
 /// connections (one drops, a new one is ready).
 fn shown(record: &Record, session: &str) -> bool {
@@ -753,23 +636,6 @@ fn party(arg: &str) -> Result<Party, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tool_answers_read_ok_errors_and_refusals() {
-        let answers: ToolAnswers = toml::from_str(
-            "[tools]\ntransfer = \"ok\"\nsend_dtmf = { error = \"busy\" }\nhold = { refused = \"tool_not_allowed\" }\n",
-        )
-        .unwrap();
-        let plans: Vec<_> = answers.plans().collect();
-        assert_eq!(
-            plans,
-            vec![
-                ("hold", ToolPlan::Refuse("tool_not_allowed".into())),
-                ("send_dtmf", ToolPlan::Fail("busy".into())),
-                ("transfer", ToolPlan::Ok),
-            ]
-        );
-    }
 
     #[test]
     fn a_party_is_kind_and_value_or_a_number() {

@@ -249,14 +249,17 @@ fn new_token() -> Result<String> {
     Ok(format!("vh_{}", crate::content::hex(&bytes)))
 }
 
+mod agent_tests;
 mod call;
 mod check;
 mod client;
 mod limits;
+mod local;
 mod render;
 mod transcript;
 mod wav;
 
+pub use agent_tests::{test, Tally, TestArgs};
 pub use call::{call, CallArgs, Verdict};
 pub use check::{check, CheckArgs, Refused};
 use client::*;

@@ -2,6 +2,7 @@
 //! share is the `voicehost-testkit` crate (tests/testkit).
 
 mod admin_tls;
+mod agent_test;
 mod cache;
 mod call;
 mod chaos;

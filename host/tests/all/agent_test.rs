@@ -1,0 +1,148 @@
+//! `voicehost test`, the real binary as an agent author's CI runs it: from another working directory with
+//! relative paths, the built-in checks and the scenarios of a file, one line per test, JUnit XML, and an
+//! exit code that fails the build when a test fails.
+
+use crate::operator::BIN;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository's root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A fresh directory named `name` holding the conformance agent as `agent.wasm` and `files`.
+fn author_dir(name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir =
+        voicehost_testkit::tmp_dir().join(format!("agent-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("agent.wasm"),
+        voicehost_testkit::guest("conformance"),
+    )
+    .unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    dir
+}
+
+fn test_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("test")
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_conformance_agent_passes_the_checks_and_its_shipped_scenarios() {
+    let scenarios = repo().join("examples/conformance/tests/scenarios.toml");
+    std::fs::create_dir_all(voicehost_testkit::tmp_dir()).unwrap();
+    let dir = author_dir(
+        "shipped",
+        &[(
+            "scenarios.toml",
+            &std::fs::read_to_string(scenarios).unwrap(),
+        )],
+    );
+    let out = test_in(
+        &dir,
+        &[
+            "--agent",
+            "agent.wasm",
+            "scenarios.toml",
+            "--junit",
+            "report.xml",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ok   it survives a dropped connection"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ok   saved state survives a drop and a restart"),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("9 passed, 0 failed\n"), "{stdout}");
+    let junit = std::fs::read_to_string(dir.join("report.xml")).unwrap();
+    assert!(junit.contains("tests=\"9\" failures=\"0\""), "{junit}");
+}
+
+#[test]
+fn a_scenario_the_agent_fails_is_named_with_why_and_the_run_exits_1() {
+    let dir = author_dir(
+        "fails",
+        &[(
+            "scenarios.toml",
+            "[[scenario]]\nname = \"echoes\"\n[[scenario.turn]]\ncaller = \"echo hello\"\nsays = \"goodbye\"\n\n\
+             [[scenario]]\nname = \"never panics\"\n[[scenario.turn]]\ncaller = \"panic\"\n",
+        )],
+    );
+    let out = test_in(
+        &dir,
+        &[
+            "--agent",
+            "agent.wasm",
+            "scenarios.toml",
+            "--junit",
+            "report.xml",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(
+            "FAIL echoes: turn 1 (\"echo hello\"): expected the agent to say \"goodbye\"; it said \"hello\""
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("FAIL never panics: the agent trapped 1 time(s) (panic)"),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("4 passed, 2 failed\n"), "{stdout}");
+    let junit = std::fs::read_to_string(dir.join("report.xml")).unwrap();
+    assert!(junit.contains("tests=\"6\" failures=\"2\""), "{junit}");
+    assert!(
+        junit.contains("<failure message=\"turn 1 (&quot;echo hello&quot;)"),
+        "{junit}"
+    );
+}
+
+#[test]
+fn a_scenario_file_that_cannot_be_read_tests_nothing_and_exits_2() {
+    let dir = author_dir(
+        "broken",
+        &[
+            (
+                "typo.toml",
+                "[[scenario]]\nname = \"x\"\n[[scenario.turn]]\ncaler = \"hi\"\n",
+            ),
+            (
+                "two.toml",
+                "[[scenario]]\nname = \"x\"\n[[scenario.turn]]\ncaller = \"hi\"\ndrop = true\n",
+            ),
+        ],
+    );
+    for (file, why) in [
+        ("typo.toml", "unknown field `caler`"),
+        ("two.toml", "one of caller"),
+    ] {
+        let out = test_in(&dir, &["--agent", "agent.wasm", file]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{file}: {stderr}");
+        assert!(stderr.contains(why), "{file}: {stderr}");
+        assert!(out.stdout.is_empty() || !String::from_utf8_lossy(&out.stdout).contains("passed"));
+    }
+}
