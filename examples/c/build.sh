@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds the C conformance agent (examples/c/agent.c) into target/guests/c/conformance.wasm.
+# Builds the C agent (agent.c) into a component:
+#   in the repository (examples/c/): target/guests/c/conformance.wasm, from the repository's wit/;
+#   in a project `voicehost new --lang c` made (it has wit/ of its own): target/agent.wasm.
 #
 # Idempotent and runnable from any directory. It installs what is missing, and only that:
 #   * Debian packages: clang-19, lld-19, wasi-libc, libclang-rt-19-dev-wasm32 (apt-get; root or sudo);
@@ -9,7 +11,8 @@
 # Generated bindings go to target/c-bindings; nothing is written outside target/ except by apt-get (and
 # cargo's own download cache).
 #
-# Environment: CC (default clang-19) and CFLAGS_EXTRA (extra compiler flags, e.g. -g) may be set.
+# Environment: CC (default clang-19) and CFLAGS_EXTRA (extra compiler flags, e.g. -g) may be set;
+# VOICEHOST_TOOLS puts the tools somewhere else than target/tools, to share them between agents.
 set -euo pipefail
 
 # Versions, pinned. The adapter matches the host's wasmtime (48.0.8), wasm-tools its wasmparser (0.263).
@@ -24,12 +27,15 @@ readonly LLVM_MAJOR=19
 readonly APT_PACKAGES=("clang-$LLVM_MAJOR" "lld-$LLVM_MAJOR" wasi-libc "libclang-rt-$LLVM_MAJOR-dev-wasm32")
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-tools="$root/target/tools"
-tools_build="$root/target/tools-build"
+if [[ -f "$here/wit/agent.wit" ]]; then
+    root="$here" out_dir="$here/target" out="$here/target/agent.wasm"
+else
+    root="$(cd "$here/../.." && pwd)" out_dir="$root/target/guests/c"
+    out="$out_dir/conformance.wasm"
+fi
+tools="${VOICEHOST_TOOLS:-$root/target/tools}"
+tools_build="$tools-build"
 bindings="$root/target/c-bindings"
-out_dir="$root/target/guests/c"
-out="$out_dir/conformance.wasm"
 adapter="$tools/wasi_snapshot_preview1.reactor-$ADAPTER_VERSION.wasm"
 cc="${CC:-clang-$LLVM_MAJOR}"
 
@@ -123,6 +129,7 @@ log "generating C bindings for wit/agent.wit into $bindings"
 rm -rf "$bindings"
 "$tools/bin/wit-bindgen" c "$root/wit" --world agent --out-dir "$bindings" >/dev/null
 
+mkdir -p "$out_dir"
 work="$(mktemp -d "$root/target/tmp-c-agent.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
@@ -135,9 +142,8 @@ log "compiling agent.c"
 
 log "making the component (with the preview 1 reactor adapter)"
 "$tools/bin/wasm-tools" component new "$work/core.wasm" \
-    --adapt "wasi_snapshot_preview1=$adapter" -o "$work/conformance.wasm"
-"$tools/bin/wasm-tools" validate "$work/conformance.wasm"
+    --adapt "wasi_snapshot_preview1=$adapter" -o "$work/agent.wasm"
+"$tools/bin/wasm-tools" validate "$work/agent.wasm"
 
-mkdir -p "$out_dir"
-mv "$work/conformance.wasm" "$out"
+mv "$work/agent.wasm" "$out"
 log "wrote $out ($(stat -c %s "$out") bytes)"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds the JavaScript conformance agent (app.js) into voicehost components:
+# Builds the JavaScript agent (app.js) into voicehost components:
 #   target/guests/js/conformance.wasm      StarlingMonkey (SpiderMonkey), via componentize-js
 #   target/guests/js/conformance-qjs.wasm  QuickJS, via componentize-qjs
-# Usage: examples/js/build.sh [all|starlingmonkey|quickjs]   (default: all; runnable from any directory)
-# The toolchains come from package-lock.json (npm ci into examples/js/node_modules, once).
+# in the repository (examples/js/), from the repository's wit/; in a project `voicehost new --lang js` made
+# (it has wit/ of its own), target/agent.wasm and target/agent-qjs.wasm.
+# Usage: build.sh [all|starlingmonkey|quickjs]   (default: all; runnable from any directory)
+# The toolchains come from package-lock.json (npm ci into node_modules beside this script, once).
 set -euo pipefail
 
 variant=${1:-all}
@@ -13,9 +15,12 @@ case "$variant" in
 esac
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
+if [[ -f "$here/wit/agent.wit" ]]; then
+    root="$here" out="$here/target" name=agent
+else
+    root=$(cd "$here/../.." && pwd) out="$root/target/guests/js" name=conformance
+fi
 wit="$root/wit"
-out="$root/target/guests/js"
 bin="$here/node_modules/.bin"
 
 command -v npm > /dev/null || { echo "build.sh: node and npm are needed (Node 18 or later)" >&2; exit 1; }
@@ -33,14 +38,14 @@ cd "$here"
 if [[ "$variant" != quickjs ]]; then
     # -d http fetch-event: voicehost does not provide wasi:http, so StarlingMonkey must not import it.
     "$bin/componentize-js" app.js --wit "$wit" --world-name agent --disable http fetch-event \
-        --out "$out/conformance.wasm.tmp"
-    mv "$out/conformance.wasm.tmp" "$out/conformance.wasm"
-    echo "wrote $out/conformance.wasm ($(wc -c < "$out/conformance.wasm") bytes)"
+        --out "$out/$name.wasm.tmp"
+    mv "$out/$name.wasm.tmp" "$out/$name.wasm"
+    echo "wrote $out/$name.wasm ($(wc -c < "$out/$name.wasm") bytes)"
 fi
 if [[ "$variant" != starlingmonkey ]]; then
     # --sync: voicehost's wasmtime has no component-model-async, which the default QuickJS runtime needs.
     "$bin/componentize-qjs" --wit "$wit" --js app.js --world agent --sync \
-        --output "$out/conformance-qjs.wasm.tmp" > /dev/null
-    mv "$out/conformance-qjs.wasm.tmp" "$out/conformance-qjs.wasm"
-    echo "wrote $out/conformance-qjs.wasm ($(wc -c < "$out/conformance-qjs.wasm") bytes)"
+        --output "$out/$name-qjs.wasm.tmp" > /dev/null
+    mv "$out/$name-qjs.wasm.tmp" "$out/$name-qjs.wasm"
+    echo "wrote $out/$name-qjs.wasm ($(wc -c < "$out/$name-qjs.wasm") bytes)"
 fi

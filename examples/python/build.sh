@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Builds the Python conformance agent into target/guests/python/conformance.wasm.
+# Builds the Python agent (app.py) into a component: in the repository (examples/python/),
+# target/guests/python/conformance.wasm from the repository's wit/; in a project `voicehost new --lang
+# python` made (it has wit/ of its own), target/agent.wasm.
 # Idempotent and runnable from any directory; needs python3 (3.9+) with venv and pip, and PyPI.
+# VOICEHOST_TOOLS puts the toolchain's venv somewhere else than target/tools, to share it between agents.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-venv="$root/target/tools/python-venv"
-bindings="$root/target/guests/python/bindings"
-out="$root/target/guests/python/conformance.wasm"
+if [[ -f "$here/wit/agent.wit" ]]; then
+    root="$here" bindings="$here/target/bindings" out="$here/target/agent.wasm"
+else
+    root="$(cd "$here/../.." && pwd)" bindings="$root/target/guests/python/bindings"
+    out="$root/target/guests/python/conformance.wasm"
+fi
+venv="${VOICEHOST_TOOLS:-$root/target/tools}/python-venv"
 wit="$root/wit"
 world="agent"
 

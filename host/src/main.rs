@@ -46,6 +46,9 @@ enum Command {
     Token(cli::TokenCommand),
     /// Serve one agent's calls until SIGINT or SIGTERM. The API key comes from SENT_API_KEY or --api-key-file.
     Run(RunArgs),
+    /// Start a new agent: a project in Rust, JavaScript, Python or C made from the example agent of that
+    /// language, with its build script, the WIT world, scenarios for `voicehost test` and a README.
+    New(cli::NewArgs),
     /// Call your agent from the terminal: the embedded Sent simulator and the host of `run` on loopback.
     /// Type as the caller (/help for commands); lines in, lines out, so a pipe drives it too. Exits 0 when
     /// the call ended as calls do, 1 when the host gave up on the agent (its failure policy), lost the
@@ -177,6 +180,7 @@ fn start(command: Command) -> Result<()> {
         Command::Serve { config } => runtime.block_on(serve(&config)),
         Command::Agents(args) => runtime.block_on(cli::run(args)),
         Command::Token(command) => cli::token(command),
+        Command::New(args) => cli::new(args),
         Command::Run(args) => runtime.block_on(run(args)),
         Command::Check(args) => {
             match runtime.block_on(cli::check(args, PathBuf::from("/proc/self/exe"))) {

@@ -6,7 +6,7 @@ use crate::sandbox::{Event, TrapKind, HANDLERS};
 use prometheus_client::metrics::histogram::Histogram;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -47,31 +47,63 @@ pub struct LiveSession {
 
 /// A live call's instance replaced on demand, as if it had trapped (`voicehost call`'s `/restart`): the
 /// call's task takes it as a trap of kind [`TrapKind::Forced`] before its next event, so the restart
-/// path (a fresh instance, `on-restart`, the trap window) runs as it would for a real one.
+/// path (a fresh instance, `on-restart`, the trap window) runs as it would for a real one. One is asked
+/// for at a time, and none once the host has given up on the call: the answer says which.
 #[derive(Debug, Clone, Default)]
 pub struct ForceTrap {
-    wanted: Arc<AtomicBool>,
+    state: Arc<AtomicU8>,
     waker: Arc<Notify>,
 }
+
+/// What became of a forced trap asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forced {
+    /// The call's task will take it before its next event.
+    Asked,
+    /// One asked for before has not been taken yet: this one adds nothing.
+    AlreadyAsked,
+    /// The call has no instance to replace: it is not served, or the host gave up on it.
+    NoInstance,
+}
+
+const IDLE: u8 = 0;
+const WANTED: u8 = 1;
+const CLOSED: u8 = 2;
 
 impl ForceTrap {
     /// A switch that wakes the call's task through `waker`.
     pub fn new(waker: Arc<Notify>) -> ForceTrap {
         ForceTrap {
-            wanted: Arc::default(),
+            state: Arc::default(),
             waker,
         }
     }
 
     /// Asks for the trap, and wakes the call's task.
-    pub fn fire(&self) {
-        self.wanted.store(true, Ordering::Release);
-        self.waker.notify_one();
+    pub fn fire(&self) -> Forced {
+        match self
+            .state
+            .compare_exchange(IDLE, WANTED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                self.waker.notify_one();
+                Forced::Asked
+            }
+            Err(WANTED) => Forced::AlreadyAsked,
+            Err(_) => Forced::NoInstance,
+        }
     }
 
     /// Whether a trap was asked for since the last look; a look takes it.
     pub fn take(&self) -> bool {
-        self.wanted.swap(false, Ordering::AcqRel)
+        self.state
+            .compare_exchange(WANTED, IDLE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The call has no instance any more: no trap can be asked for from now on.
+    pub fn close(&self) {
+        self.state.store(CLOSED, Ordering::Release);
     }
 }
 
@@ -216,15 +248,11 @@ impl Stats {
         self.live_calls().remove(session_id);
     }
 
-    /// Replaces the instance of the live call `session_id` as if it had trapped ([`ForceTrap`]); false
-    /// when no such call is being served.
-    pub fn force_trap(&self, session_id: &str) -> bool {
+    /// Replaces the instance of the live call `session_id` as if it had trapped ([`ForceTrap`]).
+    pub fn force_trap(&self, session_id: &str) -> Forced {
         match self.live_calls().get(session_id) {
-            Some(live) => {
-                live.force_trap.fire();
-                true
-            }
-            None => false,
+            Some(live) => live.force_trap.fire(),
+            None => Forced::NoInstance,
         }
     }
 
@@ -284,5 +312,23 @@ impl fmt::Display for Stats {
         writeln!(f, "over a session cap  {}", self.sessions_refused.get())?;
         writeln!(f, "host full           {}", self.sessions_host_full.get())?;
         write!(f, "failure policies    {}", self.policies_applied.get())
+    }
+}
+
+#[cfg(test)]
+mod force_trap_tests {
+    use super::*;
+
+    #[test]
+    fn one_forced_trap_at_a_time_and_none_once_closed() {
+        let force = ForceTrap::new(Arc::default());
+        assert_eq!(force.fire(), Forced::Asked);
+        assert_eq!(force.fire(), Forced::AlreadyAsked);
+        assert!(force.take());
+        assert!(!force.take());
+        assert_eq!(force.fire(), Forced::Asked);
+        force.close();
+        assert!(!force.take());
+        assert_eq!(force.fire(), Forced::NoInstance);
     }
 }

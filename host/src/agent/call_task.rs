@@ -427,6 +427,7 @@ impl Task {
             session = self.session_id,
             "the agent cannot serve the call: applying its failure policy"
         );
+        self.force_trap.close();
         let key = self.key;
         self.agent
             .with(|shared| shared.router.handle_give_up(Instant::now(), key));

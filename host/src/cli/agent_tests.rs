@@ -6,10 +6,13 @@
 //! JUnit XML with `--junit`.
 
 use super::limits::RunLimits;
-use super::local::{compile, Local, ToolAnswer, ToolAnswers, POOL_CALLS};
+use super::local::{
+    check_caller_text, check_keys, compile, press_keys, Local, ToolAnswer, ToolAnswers,
+    ANSWER_WAIT, POOL_CALLS, QUIET, SETTLE,
+};
 use super::transcript::{one_line, say};
 use crate::sandbox::{Sandbox, TrapKind};
-use crate::stats::Stats;
+use crate::stats::{Forced, Stats};
 use anyhow::{bail, Context as _, Result};
 use sentsim::record::Record;
 use sentsim::{Dir, Kind, SessionSpec};
@@ -124,14 +127,8 @@ struct Expect {
     silent: bool,
 }
 
-/// How long the agent has to start answering a turn.
-const ANSWER_WAIT: Duration = Duration::from_secs(3);
-/// An answer is over once the agent has been quiet this long.
-const QUIET: Duration = Duration::from_millis(300);
 /// How long a dropped connection's call may take to be resumed.
 const RESUME_WAIT: Duration = Duration::from_secs(15);
-/// How long the host may take to finish a call after Sent ended it.
-const SETTLE: Duration = Duration::from_secs(3);
 
 /// Runs the checks and the scenarios; an error means nothing could be tested (a flag, a file, a
 /// component that cannot serve, a scenario file that does not parse).
@@ -149,7 +146,7 @@ pub async fn test(args: TestArgs) -> Result<Tally> {
         }
     }
     let sandbox = Sandbox::for_calls(POOL_CALLS)?;
-    let code = compile(&sandbox, &args.agent)?;
+    let code = compile(&sandbox, &args.agent, &rules)?;
     let local = Local::start(&args.agent_id, code, rules).await?;
     let mut results = Vec::new();
     for check in BUILT_IN {
@@ -263,8 +260,22 @@ const BUILT_IN: [BuiltIn; 4] = [
     },
 ];
 
+/// A scenario Sent could play: one action per turn, texts and keys Sent could send, error codes of the
+/// protocol, regular expressions that compile.
 fn check_scenario(scenario: &Scenario) -> Result<()> {
+    ToolAnswers {
+        tools: scenario.tools.clone(),
+    }
+    .check()
+    .with_context(|| format!("scenario {:?}: tools", scenario.name))?;
     for (n, turn) in scenario.turn.iter().enumerate() {
+        let text = turn.caller.as_deref().or(turn.correct.as_deref());
+        if let Some(Err(why)) = text.map(check_caller_text) {
+            bail!("scenario {:?}, turn {}: {why}", scenario.name, n + 1);
+        }
+        if let Some(Err(why)) = turn.dtmf.as_deref().map(check_keys) {
+            bail!("scenario {:?}, turn {}: dtmf: {why}", scenario.name, n + 1);
+        }
         let actions = [
             turn.caller.is_some(),
             turn.correct.is_some(),
@@ -351,6 +362,8 @@ impl Scenario {
         let before = Before::of(&local.stats);
         let conn = local.connection().await?;
         let mut cursor = local.sim.recorder().len();
+        // What earlier tests recorded is read: memory stays one test's, however many there are.
+        local.sim.recorder().forget_before(cursor);
         let call = conn.start(SessionSpec {
             kind: match self.media {
                 Media::Text => Kind::Text,
@@ -395,19 +408,16 @@ impl Scenario {
                 call.correct(text);
                 format!("turn {} (correct {text:?})", n + 1)
             } else if let Some(digits) = &turn.dtmf {
-                let mut fields = Map::new();
-                fields.insert("digits".into(), Value::String(digits.clone()));
-                call.send_frame("user.dtmf", fields);
+                press_keys(&call, digits);
                 format!("turn {} (dtmf {digits:?})", n + 1)
             } else if turn.drop {
-                match call.state().and_then(|s| s.conn) {
-                    Some(conn) => local.sim.conn(conn).drop_abruptly(),
-                    None => bail!("turn {}: the call is on no connection to drop", n + 1),
+                if local.drop_connection(&call).is_none() {
+                    bail!("turn {}: the call is on no connection to drop", n + 1);
                 }
                 format!("turn {} (drop)", n + 1)
             } else if turn.restart {
                 let restarts = local.stats.restarts.get();
-                if !local.stats.force_trap(&call.id) {
+                if local.restart(&call) != Forced::Asked {
                     bail!("turn {}: the call has no instance to restart", n + 1);
                 }
                 // The answer to a restart is what the fresh instance sends from its on-restart on.
@@ -444,11 +454,7 @@ impl Scenario {
         if ended.is_none() {
             bail!("Sent's session.end did not reach the agent");
         }
-        let settled = Instant::now();
-        while local.stats.live_count() > 0 && settled.elapsed() < SETTLE {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if local.stats.live_count() > 0 {
+        if !local.settled().await {
             bail!("the host still serves the call {SETTLE:?} after it ended");
         }
         before.check(&local.stats)
@@ -598,7 +604,9 @@ fn escape(text: &str) -> String {
             '<' => "&lt;".to_string(),
             '>' => "&gt;".to_string(),
             '"' => "&quot;".to_string(),
-            c if c.is_control() => format!("&#{};", c as u32),
+            // XML 1.0 allows no other control character, not even as a reference.
+            '\t' | '\n' | '\r' => format!("&#{};", c as u32),
+            c if c.is_control() => c.escape_unicode().to_string(),
             c => c.to_string(),
         })
         .collect()

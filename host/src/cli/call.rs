@@ -5,13 +5,16 @@
 //! drives it as well as a person: lines in, lines out, and an exit code that says how the call went.
 
 use super::limits::RunLimits;
-use super::local::{compile, Local, ToolAnswers, POOL_CALLS};
+use super::local::{
+    check_caller_text, check_keys, check_party, compile, press_keys, Local, ToolAnswers,
+    ANSWER_WAIT, POOL_CALLS, QUIET,
+};
 use super::transcript::{one_line, say};
 use super::wav;
 use crate::agent::{CallRules, Deployment};
 use crate::sandbox::Sandbox;
-use crate::stats::Stats;
-use anyhow::Result;
+use crate::stats::{Forced, Stats};
+use anyhow::{Context as _, Result};
 use sentdm_voice_agents::frames::Party;
 use sentsim::record::Record;
 use sentsim::{Dir, Kind, SessionSpec, Sim, What};
@@ -21,7 +24,7 @@ use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tokio::io::AsyncBufReadExt as _;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, AsyncReadExt as _};
 use tokio::sync::watch;
 
 /// `voicehost call`'s arguments.
@@ -87,12 +90,11 @@ const MAX_AUDIO: Duration = Duration::from_secs(30 * 60);
 /// When the input has ended, the caller hangs up once its audio has been played and the agent's has been
 /// quiet this long.
 const AUDIO_TAIL: Duration = Duration::from_secs(1);
-/// How long the agent must have been quiet (no frame) before the caller's next line is taken.
-const QUIET: Duration = Duration::from_millis(300);
-/// The longest the caller's next line waits for the agent's answer to the turn before.
-const TURN_WAIT: Duration = Duration::from_secs(3);
-/// How long the host may take to finish a call after Sent ended it (the guest's `on-session-end`).
-const SETTLE: Duration = Duration::from_secs(3);
+/// The longest a piped line waits for the agent to fall quiet (an agent that never stops talking does not
+/// hold the script forever).
+const PACE_MOST: Duration = Duration::from_secs(10);
+/// The longest line taken from the input; a longer one is skipped, and said so.
+const MAX_LINE: usize = 64 * 1024;
 
 /// Places the calls; returns how they went. An error means nothing could be tried (a flag, a file, a
 /// component that cannot serve).
@@ -106,15 +108,20 @@ pub async fn call(args: CallArgs) -> Result<Verdict> {
         Some(path) => Some(wav::read(path, args.rate, MAX_AUDIO)?),
         None => None,
     };
+    if let Some(path) = &args.audio_out {
+        // Found now, not after the call: a file that cannot be written.
+        wav::write(path, args.rate, &[])
+            .with_context(|| format!("--audio-out: cannot write {}", path.display()))?;
+    }
     let sandbox = Sandbox::for_calls(POOL_CALLS)?;
-    let code = compile(&sandbox, &args.agent)?;
+    let code = compile(&sandbox, &args.agent, &rules)?;
     let local = Local::start(&args.agent_id, code, rules.clone()).await?;
     let watching = args.watch.then(|| {
         let deploy = local.deploy.clone();
         tokio::spawn(watch_file(args.agent.clone(), sandbox, rules, deploy))
     });
 
-    let mut input = Input::stdin();
+    let mut input = Input::stdin(interrupts());
     let mut verdict = Verdict::Ended;
     let mut number = 1;
     let result = loop {
@@ -137,7 +144,7 @@ pub async fn call(args: CallArgs) -> Result<Verdict> {
             Err(error) => break Err(error),
         };
         let ended = call
-            .converse(&local.stats, &mut input, audio.as_deref(), args.rate)
+            .converse(&local, &mut input, audio.as_deref(), args.rate)
             .await;
         if let Some(path) = &args.audio_out {
             call.write_audio(path, args.rate);
@@ -199,8 +206,9 @@ async fn watch_file(
             continue;
         }
         built = now;
-        let (sandbox, file) = (sandbox.clone(), path.clone());
-        let compiled = tokio::task::spawn_blocking(move || compile(&sandbox, &file)).await;
+        let (sandbox, file, checked) = (sandbox.clone(), path.clone(), rules.clone());
+        let compiled =
+            tokio::task::spawn_blocking(move || compile(&sandbox, &file, &checked)).await;
         match compiled {
             Ok(Ok(code)) => {
                 version += 1;
@@ -221,36 +229,107 @@ async fn watch_file(
     }
 }
 
+/// Ctrl-C: the first ends the input (the caller hangs up, the agent's audio is written, no further call
+/// starts); a second exits at once, with 130.
+fn interrupts() -> watch::Receiver<bool> {
+    let (interrupt, interrupted) = watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            interrupt.send_replace(true);
+        }
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(130);
+        }
+    });
+    interrupted
+}
+
 /// The caller's lines from stdin.
 struct Input {
-    lines: tokio::io::Lines<tokio::io::BufReader<tokio::io::Stdin>>,
-    /// Stdin has ended (or failed): the caller hangs up, and no further call starts.
+    reader: tokio::io::BufReader<tokio::io::Stdin>,
+    /// Stdin has ended (or failed), or Ctrl-C was pressed: the caller hangs up, and no further call
+    /// starts.
     ended: bool,
     /// Stdin is not a terminal: a line waits for the agent's answer to the one before.
     paced: bool,
+    interrupted: watch::Receiver<bool>,
 }
 
 impl Input {
-    fn stdin() -> Input {
+    fn stdin(interrupted: watch::Receiver<bool>) -> Input {
         Input {
-            lines: tokio::io::BufReader::new(tokio::io::stdin()).lines(),
+            reader: tokio::io::BufReader::new(tokio::io::stdin()),
             ended: false,
             paced: !std::io::stdin().is_terminal(),
+            interrupted,
         }
     }
 
-    /// The next line; `None` once the input has ended.
+    /// The next line; `None` once the input has ended or Ctrl-C was pressed.
     async fn next(&mut self) -> Option<String> {
         if self.ended {
             return None;
         }
-        match self.lines.next_line().await {
-            Ok(Some(line)) => Some(line),
-            Ok(None) | Err(_) => {
-                self.ended = true;
+        let mut interrupted = self.interrupted.clone();
+        let line = tokio::select! {
+            line = read_line(&mut self.reader) => line,
+            _ = interrupted.wait_for(|pressed| *pressed) => {
+                say("(interrupted: the caller hangs up; Ctrl-C again exits at once)");
                 None
             }
+        };
+        if line.is_none() {
+            self.ended = true;
         }
+        line
+    }
+}
+
+/// One line of at most [`MAX_LINE`] bytes (a longer one is skipped, and said so), its bytes that are not
+/// UTF-8 replaced (and said so); `None` at the end of the input or when it cannot be read.
+async fn read_line<R: AsyncBufRead + Unpin>(reader: &mut R) -> Option<String> {
+    loop {
+        let mut line = Vec::new();
+        let mut longer = false;
+        loop {
+            let mut part = Vec::new();
+            match (&mut *reader)
+                .take(MAX_LINE as u64 + 1)
+                .read_until(b'\n', &mut part)
+                .await
+            {
+                Ok(0) | Err(_) if line.is_empty() && !longer => return None,
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let complete = part.last() == Some(&b'\n');
+            if line.len() + part.len() > MAX_LINE + 1 {
+                longer = true;
+                line.clear();
+            } else if !longer {
+                line.extend_from_slice(&part);
+            }
+            if complete {
+                break;
+            }
+        }
+        if longer {
+            say(&format!(
+                "(a line longer than {} KiB was skipped)",
+                MAX_LINE / 1024
+            ));
+            continue;
+        }
+        while matches!(line.last(), Some(b'\n' | b'\r')) {
+            line.pop();
+        }
+        return Some(match String::from_utf8(line) {
+            Ok(line) => line,
+            Err(error) => {
+                say("(the line is not UTF-8: what is not is taken as U+FFFD)");
+                String::from_utf8_lossy(error.as_bytes()).into_owned()
+            }
+        });
     }
 }
 
@@ -258,16 +337,23 @@ impl Input {
 struct Conversation {
     sim: Sim,
     call: sentsim::Call,
-    /// The next record of the simulator's not yet shown.
+    /// The next record of the simulator's not yet read: those before it are forgotten.
     cursor: usize,
     /// The caller's last turn, not yet answered: when it was taken.
     turn: Option<Instant>,
+    /// When the last line was taken.
+    line_at: Instant,
     /// When the agent last sent a frame (its audio aside).
     last_heard: Instant,
     /// When the agent last sent audio.
     last_audio: Instant,
+    /// The caller has hung up.
+    hung_up: bool,
     /// Tool calls waiting for Sent's answer, by `call_ref`: their names.
     tools: HashMap<String, String>,
+    /// Failure policies applied before the call, and since shown: the tool call that follows one is the
+    /// host's, not the agent's.
+    policies_shown: u64,
     /// The agent's audio, 16-bit samples as they arrived.
     heard: Vec<u8>,
     /// The agent's audio past [`MAX_AUDIO`], not kept.
@@ -303,9 +389,12 @@ impl Conversation {
             call,
             cursor,
             turn: Some(Instant::now()),
+            line_at: Instant::now(),
             last_heard: Instant::now(),
             last_audio: Instant::now(),
+            hung_up: false,
             tools: HashMap::new(),
+            policies_shown: local.stats.policies_applied.get(),
             heard: Vec::new(),
             heard_dropped: 0,
             dtmf_explained: false,
@@ -317,11 +406,12 @@ impl Conversation {
     /// audio has been played).
     async fn converse(
         &mut self,
-        stats: &Stats,
+        local: &Local,
         input: &mut Input,
         audio: Option<&[u8]>,
         rate: u32,
     ) -> Verdict {
+        let stats = &local.stats;
         let policies = stats.policies_applied.get();
         let frame = rate as usize / 50 * 2;
         let mut played = 0;
@@ -329,25 +419,35 @@ impl Conversation {
         let mut pace = tokio::time::interval(Duration::from_millis(20));
         pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut look = tokio::time::interval(Duration::from_millis(50));
-        let mut hung_up = false;
         let recorder = self.sim.recorder().clone();
+        let mut interrupted = input.interrupted.clone();
         let session = self.call.id.clone();
-        let ended = loop {
+        let ended = 'call: loop {
             let audio_left = audio.is_some_and(|a| played < a.len());
             // Piped in, the next line waits for the agent's answer to the turn before, and for it to
             // fall quiet: a script then reads as the conversation it is. A person at a terminal paces
             // their own turns.
             let waiting = input.paced
-                && (self.turn.is_some_and(|at| at.elapsed() < TURN_WAIT)
+                && self.line_at.elapsed() < PACE_MOST
+                && (self.turn.is_some_and(|at| at.elapsed() < ANSWER_WAIT)
                     || self.last_heard.elapsed() < QUIET);
             tokio::select! {
                 biased;
-                record = recorder.wait_for(self.cursor, Duration::from_secs(3600), "", |_| false, |r| shown(r, &session)) => {
-                    let Ok(record) = record else { continue };
-                    self.cursor = record.seq + 1;
-                    if let Some(reason) = self.show(&record) {
-                        break Some(reason);
+                _ = recorder.wait_for(self.cursor, Duration::from_secs(3600), "", |_| false, |_| true) => {
+                    // Everything new at once, then forgotten: the simulator's memory stays what one
+                    // batch holds, however long the call.
+                    let fresh = recorder.since(self.cursor, |_| true);
+                    self.cursor = fresh.last().map_or(self.cursor, |r| r.seq + 1);
+                    recorder.forget_before(self.cursor);
+                    for record in fresh.iter().filter(|r| shown(r, &session)) {
+                        if let Some(reason) = self.show(record, stats) {
+                            break 'call Some(reason);
+                        }
                     }
+                }
+                _ = interrupted.wait_for(|pressed| *pressed), if !self.hung_up => {
+                    input.ended = true;
+                    self.hang_up();
                 }
                 _ = pace.tick(), if audio_left => {
                     let audio = audio.unwrap_or_default();
@@ -367,7 +467,8 @@ impl Conversation {
                 }
                 line = input.next(), if !input.ended && !waiting => {
                     if let Some(line) = line {
-                        self.command(line.trim(), stats, audio.is_some());
+                        self.line_at = Instant::now();
+                        self.command(line.trim(), local, audio.is_some());
                     }
                 }
                 _ = look.tick() => {
@@ -375,8 +476,7 @@ impl Conversation {
                     let audio_done = audio.is_none()
                         || (played_at.is_some_and(|at| at.elapsed() >= AUDIO_TAIL)
                             && self.last_audio.elapsed() >= AUDIO_TAIL);
-                    if input.ended && !hung_up && !waiting && audio_done {
-                        hung_up = true;
+                    if input.ended && !self.hung_up && !waiting && audio_done {
                         self.hang_up();
                     }
                     if self.call.state().is_some_and(|s| s.lost) {
@@ -387,10 +487,7 @@ impl Conversation {
             }
         };
         // The host's side of the end: the guest's on-session-end, and what it logs.
-        let settled = Instant::now();
-        while stats.live_count() > 0 && settled.elapsed() < SETTLE {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        local.settled().await;
         let gave_up = stats.policies_applied.get() > policies;
         if gave_up {
             say("the host gave up on the agent for this call: it applied the failure policy");
@@ -401,13 +498,18 @@ impl Conversation {
         }
     }
 
-    fn hang_up(&self) {
+    /// The caller hangs up (once).
+    fn hang_up(&mut self) {
+        if self.hung_up {
+            return;
+        }
+        self.hung_up = true;
         say("caller: (hangs up)");
         self.call.end("caller_hung_up");
     }
 
     /// A line typed as the caller: a turn, or a command.
-    fn command(&mut self, line: &str, stats: &Stats, audio: bool) {
+    fn command(&mut self, line: &str, local: &Local, audio: bool) {
         let (command, rest) = match line.strip_prefix('/') {
             Some(command) => command
                 .split_once(' ')
@@ -419,53 +521,78 @@ impl Conversation {
                 );
                 return;
             }
-            None => {
-                self.turn = Some(Instant::now());
-                self.call.say(line);
-                return;
-            }
+            None => return self.caller_says(line, false),
         };
         match (command, rest) {
             ("help", _) => say(HELP),
+            ("hangup", _) if self.hung_up => say("the caller has hung up already"),
             ("hangup", _) => self.hang_up(),
-            ("correct", text) if !text.is_empty() && !audio => {
-                self.turn = Some(Instant::now());
-                self.call.correct(text);
-            }
-            ("dtmf", digits) if is_dtmf(digits) => {
-                if !self.dtmf_explained {
-                    self.dtmf_explained = true;
-                    say("note: protocol 0.2.0 has no frame for the caller's keys; the agent gets them as a \
-                         `user.dtmf` frame of a later version, through on-frame");
+            ("correct", text) if !text.is_empty() && !audio => self.caller_says(text, true),
+            ("dtmf", digits) => match check_keys(digits) {
+                Ok(()) => {
+                    if !self.dtmf_explained {
+                        self.dtmf_explained = true;
+                        say("note: protocol 0.2.0 has no frame for the caller's keys; the agent gets them \
+                             as a `user.dtmf` frame of a later version, through on-frame");
+                    }
+                    self.turn = Some(Instant::now());
+                    press_keys(&self.call, digits);
                 }
-                let mut fields = Map::new();
-                fields.insert("digits".into(), Value::String(digits.into()));
-                self.turn = Some(Instant::now());
-                self.call.send_frame("user.dtmf", fields);
-            }
-            ("drop", _) => match self.call.state().and_then(|s| s.conn) {
-                Some(conn) => {
-                    say(&format!("(connection {conn} drops)"));
-                    self.sim.conn(conn).drop_abruptly();
-                }
+                Err(why) => say(&format!("/dtmf DIGITS: {why}")),
+            },
+            ("drop", _) => match local.drop_connection(&self.call) {
+                Some(conn) => say(&format!("(connection {conn} drops)")),
                 None => say("the call is on no connection now (it is being resumed)"),
             },
-            ("restart", _) => {
-                if stats.force_trap(&self.call.id) {
+            ("restart", _) => match local.restart(&self.call) {
+                Forced::Asked => {
+                    // A piped script's next line waits for the fresh instance's first words.
+                    self.turn = Some(Instant::now());
                     say("(the agent's instance is made to trap)");
-                } else {
-                    say("the call has no instance now");
                 }
-            }
+                Forced::AlreadyAsked => say("a restart is on its way already: this one adds none"),
+                Forced::NoInstance => say(
+                    "the call has no instance to restart (it is ending, or the host gave up on the agent)",
+                ),
+            },
             ("correct", _) => say("/correct TEXT, on a text call"),
-            ("dtmf", _) => say("/dtmf DIGITS: 0-9, *, #, A-D"),
-            _ => say(&format!("unknown command /{command}; {HELP}")),
+            _ => say(&format!("unknown command /{}; {HELP}", one_line(command))),
+        }
+    }
+
+    /// The caller's turn (or its correction), when Sent could send it.
+    fn caller_says(&mut self, text: &str, correction: bool) {
+        if let Err(why) = check_caller_text(text) {
+            return say(&format!("not sent: {why}"));
+        }
+        self.turn = Some(Instant::now());
+        if correction {
+            self.call.correct(text);
+        } else {
+            self.call.say(text);
         }
     }
 
     /// Shows one record of the session or of a connection; returns the end's reason once Sent has ended
     /// the call.
-    fn show(&mut self, record: &Record) -> Option<String> {
+    fn show(&mut self, record: &Record, stats: &Stats) -> Option<String> {
+        if record.is_frame(Dir::FromAgent, "tool.call") {
+            // The failure policy's hangup or transfer is the host's tool call, not the agent's reply.
+            let applied = stats.policies_applied.get();
+            if applied > self.policies_shown {
+                self.policies_shown += 1;
+                let json = record.json().cloned().unwrap_or_default();
+                let name = one_line(json["name"].as_str().unwrap_or_default());
+                say(&format!(
+                    "host: tool {name} (the failure policy, sent for the agent)"
+                ));
+                self.tools.insert(
+                    json["call_ref"].as_str().unwrap_or_default().to_string(),
+                    name,
+                );
+                return None;
+            }
+        }
         let reply = record.dir == Dir::FromAgent
             && (matches!(record.what, What::Audio { .. })
                 || matches!(
@@ -513,7 +640,7 @@ impl Conversation {
             }
             (Dir::FromAgent, "agent.clear") => say("agent: (clears its speech not yet played)"),
             (Dir::FromAgent, "tool.call") => {
-                let name = text("name");
+                let name = one_line(&text("name"));
                 let arguments = json
                     .get("arguments")
                     .map_or(String::new(), |a| format!(" {a}"));
@@ -531,7 +658,10 @@ impl Conversation {
                 let outcome = if json["ok"].as_bool() == Some(true) {
                     "ok".to_string()
                 } else {
-                    format!("error {}", json["error"]["code"].as_str().unwrap_or("?"))
+                    format!(
+                        "error {}",
+                        one_line(json["error"]["code"].as_str().unwrap_or("?"))
+                    )
                 };
                 say(&format!("tool: {name} → {outcome}"));
             }
@@ -591,13 +721,6 @@ fn shown(record: &Record, session: &str) -> bool {
     }
 }
 
-fn is_dtmf(digits: &str) -> bool {
-    !digits.is_empty()
-        && digits
-            .chars()
-            .all(|c| c.is_ascii_digit() || matches!(c, '*' | '#' | 'A'..='D'))
-}
-
 fn agent_id(arg: &str) -> Result<String, String> {
     crate::tenancy::check_agent_id(arg)
         .map(|()| arg.to_string())
@@ -627,10 +750,12 @@ fn party(arg: &str) -> Result<Party, String> {
     if kind.is_empty() || value.is_empty() {
         return Err("KIND:VALUE (e.g. number:+14155550100), or a number".into());
     }
-    Ok(Party {
+    let party = Party {
         kind: kind.into(),
         value: Some(value.into()),
-    })
+    };
+    check_party(&party)?;
+    Ok(party)
 }
 
 #[cfg(test)]
@@ -642,5 +767,21 @@ mod tests {
         assert_eq!(party("user:u_1").unwrap().kind, "user");
         assert_eq!(party("+14155550100").unwrap().kind, "number");
         assert!(party("user:").is_err());
+        assert!(party("12345").is_err(), "not E.164");
+        assert!(party("Pigeon:coo").is_err(), "not a party kind");
+    }
+
+    #[tokio::test]
+    async fn a_line_too_long_is_skipped_and_one_not_utf8_is_taken_lossily() {
+        let mut input = Vec::new();
+        input.extend(std::iter::repeat_n(b'x', MAX_LINE + 10));
+        input.extend_from_slice(b"\nhello \xff\r\nlast");
+        let mut reader = &input[..];
+        assert_eq!(
+            read_line(&mut reader).await.as_deref(),
+            Some("hello \u{fffd}")
+        );
+        assert_eq!(read_line(&mut reader).await.as_deref(), Some("last"));
+        assert_eq!(read_line(&mut reader).await, None);
     }
 }

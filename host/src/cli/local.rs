@@ -2,15 +2,17 @@
 //! serving the agent on it (its connection, its calls, the sandbox and its limits), nothing mocked inside
 //! the host. What `voicehost call` and `voicehost test` place their calls through.
 
-use super::transcript::say;
+use super::transcript::{one_line, say};
 use crate::agent::{self, Admission, AgentConfig, CallRules, Deployment, Dial};
 use crate::sandbox::budget::Budget;
 use crate::sandbox::{AgentCode, Sandbox};
-use crate::stats::Stats;
+use crate::stats::{Forced, Stats};
 use anyhow::{bail, Context as _, Result};
-use sentsim::model::ToolPlan;
-use sentsim::{ConnHandle, Sim, SimConfig, Violation};
+use sentdm_voice_agents::frames::{self, Frame, Party, SessionStart, UserSaid};
+use sentsim::model::{ConnId, ToolPlan};
+use sentsim::{Call, ConnHandle, Sim, SimConfig, Violation};
 use serde::Deserialize;
+use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -23,6 +25,12 @@ const API_KEY: &str = "voicehost-local";
 pub const POOL_CALLS: usize = 2;
 /// How long the host may take to connect to the simulator.
 const CONNECT_WAIT: Duration = Duration::from_secs(10);
+/// How long the agent has to start answering the caller.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(3);
+/// The agent's answer is over once it has been quiet (sent no frame) this long.
+pub const QUIET: Duration = Duration::from_millis(300);
+/// How long the host may take to finish a call after Sent ended it (the guest's `on-session-end`).
+pub const SETTLE: Duration = Duration::from_secs(3);
 
 /// The simulator and the host serving one agent on it.
 pub struct Local {
@@ -91,6 +99,31 @@ impl Local {
         }
     }
 
+    /// Waits (at most [`SETTLE`]) until the host serves no call; whether it got there.
+    pub async fn settled(&self) -> bool {
+        let started = Instant::now();
+        while self.stats.live_count() > 0 {
+            if started.elapsed() >= SETTLE {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
+    /// The connection `call` is on drops without a close; which one it was, or `None` when the call is
+    /// on none (it is being resumed).
+    pub fn drop_connection(&self, call: &Call) -> Option<ConnId> {
+        let conn = call.state().and_then(|s| s.conn)?;
+        self.sim.conn(conn).drop_abruptly();
+        Some(conn)
+    }
+
+    /// Replaces the call's instance as if it had trapped.
+    pub fn restart(&self, call: &Call) -> Forced {
+        self.stats.force_trap(&call.id)
+    }
+
     /// Stops the host and the simulator; returns the protocol violations the simulator saw.
     pub async fn stop(self) -> Vec<Violation> {
         let _ = self.stop.send(true);
@@ -101,13 +134,72 @@ impl Local {
     }
 }
 
-/// Reads and compiles the component at `path`, and says so.
-pub fn compile(sandbox: &Sandbox, path: &Path) -> Result<AgentCode> {
+/// The caller presses keys. Protocol 0.2.0 has no frame for them: the agent gets a `user.dtmf` frame of
+/// a later version, through `on-frame`.
+pub fn press_keys(call: &Call, digits: &str) {
+    let mut fields = Map::new();
+    fields.insert("digits".into(), Value::String(digits.into()));
+    call.send_frame("user.dtmf", fields);
+}
+
+/// Keys a caller can press: 0-9, `*`, `#` and A-D.
+pub fn check_keys(digits: &str) -> Result<(), String> {
+    let key = |c: char| c.is_ascii_digit() || matches!(c, '*' | '#' | 'A'..='D');
+    if digits.is_empty() || !digits.chars().all(key) || digits.len() > 64 {
+        return Err(format!(
+            "{digits:?} are not keys: 1 to 64 of 0-9, *, #, A-D"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `text` can be a caller's turn as Sent sends it (`user.said`'s bounds, through the official
+/// SDK's codec).
+pub fn check_caller_text(text: &str) -> Result<(), String> {
+    let frame = Frame::UserSaid(UserSaid {
+        session_id: "vs_check".into(),
+        text: text.into(),
+        correction: false,
+    });
+    frames::encode(&frame)
+        .map(drop)
+        .map_err(|e| format!("Sent cannot send this as the caller's turn: {e}"))
+}
+
+/// Whether `party` can be a caller or callee in Sent's `session.start` (its kinds, an E.164 number),
+/// through the official SDK's codec.
+pub fn check_party(party: &Party) -> Result<(), String> {
+    let frame = Frame::SessionStart(SessionStart {
+        session_id: "vs_check".into(),
+        call_id: "call_check".into(),
+        agent_id: "agent_check".into(),
+        direction: "inbound".into(),
+        from: party.clone(),
+        to: party.clone(),
+        session_type: "text".into(),
+        language: None,
+        audio: None,
+        max_duration_ms: None,
+        context: None,
+        resume: None,
+        started_at: "2026-12-04T00:00:00Z".into(),
+    });
+    frames::encode(&frame)
+        .map(drop)
+        .map_err(|e| format!("not a party Sent sends: {e}"))
+}
+
+/// Reads and compiles the component at `path`, and says so; refused when no instance of it could start
+/// under `rules`.
+pub fn compile(sandbox: &Sandbox, path: &Path, rules: &CallRules) -> Result<AgentCode> {
     let wasm = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let started = Instant::now();
     let code = sandbox
         .load(&wasm)
         .with_context(|| format!("{} cannot serve as an agent", path.display()))?;
+    if let Some(why) = code.never_fits(&rules.limits) {
+        bail!("{} cannot serve as an agent: {why}", path.display());
+    }
     say(&format!(
         "compiled {} ({} KiB) in {} ms",
         path.display(),
@@ -144,16 +236,28 @@ impl ToolAnswers {
             .with_context(|| format!("--tools: cannot read {}", path.display()))?;
         let answers: ToolAnswers =
             toml::from_str(&text).with_context(|| format!("--tools {}", path.display()))?;
-        for (name, answer) in &answers.tools {
+        answers
+            .check()
+            .with_context(|| format!("--tools {}", path.display()))?;
+        Ok(answers)
+    }
+
+    /// Every error code given is one Sent could send.
+    pub fn check(&self) -> Result<()> {
+        for (name, answer) in &self.tools {
             let code = match answer {
                 ToolAnswer::Ok => continue,
                 ToolAnswer::Error(code) | ToolAnswer::Refused(code) => code,
             };
             if !is_code(code) {
-                bail!("--tools {}: {name}'s code {code:?} is not a protocol error code (^[a-z][a-z0-9_]*$)", path.display());
+                bail!(
+                    "{}'s code {:?} is not a protocol error code (^[a-z][a-z0-9_]*$, at most {MAX_CODE} characters)",
+                    one_line(name),
+                    one_line(code)
+                );
             }
         }
-        Ok(answers)
+        Ok(())
     }
 
     /// Each tool named, and how Sent answers it.
@@ -169,8 +273,14 @@ impl ToolAnswers {
     }
 }
 
+/// The longest error code a mocked tool answer may give.
+const MAX_CODE: usize = 64;
+
 fn is_code(code: &str) -> bool {
     let mut chars = code.chars();
+    if code.len() > MAX_CODE {
+        return false;
+    }
     chars.next().is_some_and(|c| c.is_ascii_lowercase())
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }

@@ -1,7 +1,8 @@
 //! `voicehost agents` and `voicehost token`: the operator's side of the admin API of `voicehost serve`
-//! (described in `host/openapi.json`); and an agent author's: `voicehost check` (`check.rs`) and
-//! `voicehost call` (`call.rs`). The client speaks plain HTTP/1.1 over hyper, one request per
-//! connection, and never shows the admin token: not in output, not in an error.
+//! (described in `host/openapi.json`); and an agent author's: `voicehost new` (`new.rs`), `voicehost
+//! call` (`call.rs`), `voicehost test` (`agent_tests.rs`) and `voicehost check` (`check.rs`). The client
+//! speaks plain HTTP/1.1 over hyper, one request per connection, and never shows the admin token: not in
+//! output, not in an error.
 
 use crate::api::views::{
     ActivateRequest, AgentList, AgentView, ErrorBody, PartyView, SessionList, UsageView,
@@ -255,6 +256,7 @@ mod check;
 mod client;
 mod limits;
 mod local;
+mod new;
 mod render;
 mod transcript;
 mod wav;
@@ -265,6 +267,7 @@ pub use check::{check, CheckArgs, Refused};
 use client::*;
 pub use client::{Body, Client};
 pub use limits::RunLimits;
+pub use new::{new, Lang, NewArgs};
 pub use render::agents_table;
 use render::*;
 pub use transcript::init as init_call_log;

@@ -19,9 +19,25 @@ pub fn say(line: &str) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
-/// A guest's text on one line: its line breaks written as `\n`, so that it cannot forge a line.
+/// A guest's (or a file's) text on one line: its line breaks written as `\n`, and every other control
+/// character (a terminal's escape sequences, bidirectional overrides) as its code, so that it can neither
+/// forge a line nor rewrite the terminal.
 pub fn one_line(text: &str) -> String {
-    text.replace('\r', "\\r").replace('\n', "\\n")
+    let mut line = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' => line.push_str("\\n"),
+            '\r' => line.push_str("\\r"),
+            '\t' => line.push_str("\\t"),
+            c if c.is_control()
+                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
+            {
+                line.extend(c.escape_unicode());
+            }
+            c => line.push(c),
+        }
+    }
+    line
 }
 
 /// Installs the log of `voicehost call`: the transcript's part of it on stdout, `RUST_LOG`'s on stderr.
@@ -56,6 +72,7 @@ impl<S: Subscriber> Layer<S> for Transcript {
         event.record(&mut fields);
         let level = *event.metadata().level();
         let line = match fields.guest {
+            Some(text) if text.is_empty() => format!("log: (an empty line, at {level})"),
             Some(text) if level == Level::INFO => format!("log: {}", one_line(&text)),
             Some(text) => format!(
                 "log[{}]: {}",
@@ -99,5 +116,17 @@ impl Visit for Fields {
             "session" => {}
             name => self.rest.push(format!("{name}={value:?}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_escapes_line_breaks_and_terminal_controls() {
+        assert_eq!(one_line("a\nb\r"), "a\\nb\\r");
+        assert_eq!(one_line("\u{1b}[2J"), "\\u{1b}[2J");
+        assert_eq!(one_line("é ok"), "é ok");
     }
 }

@@ -13,19 +13,10 @@ fn repo() -> PathBuf {
 
 /// A fresh directory named `name` holding the conformance agent as `agent.wasm` and `files`.
 fn author_dir(name: &str, files: &[(&str, &str)]) -> PathBuf {
-    let dir =
-        voicehost_testkit::tmp_dir().join(format!("agent-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("agent.wasm"),
-        voicehost_testkit::guest("conformance"),
-    )
-    .unwrap();
-    for (file, text) in files {
-        std::fs::write(dir.join(file), text).unwrap();
-    }
-    dir
+    let agent = voicehost_testkit::guest("conformance");
+    let mut all: Vec<(&str, &[u8])> = vec![("agent.wasm", &agent)];
+    all.extend(files.iter().map(|(file, text)| (*file, text.as_bytes())));
+    voicehost_testkit::author_dir(&format!("agent-test-{name}"), &all)
 }
 
 fn test_in(dir: &Path, args: &[&str]) -> Output {
@@ -122,6 +113,10 @@ fn a_scenario_the_agent_fails_is_named_with_why_and_the_run_exits_1() {
 
 #[test]
 fn a_scenario_file_that_cannot_be_read_tests_nothing_and_exits_2() {
+    let long = format!(
+        "[[scenario]]\nname = \"x\"\n[[scenario.turn]]\ncaller = \"{}\"\n",
+        "x".repeat(4097)
+    );
     let dir = author_dir(
         "broken",
         &[
@@ -133,11 +128,23 @@ fn a_scenario_file_that_cannot_be_read_tests_nothing_and_exits_2() {
                 "two.toml",
                 "[[scenario]]\nname = \"x\"\n[[scenario.turn]]\ncaller = \"hi\"\ndrop = true\n",
             ),
+            ("long.toml", long.as_str()),
+            (
+                "keys.toml",
+                "[[scenario]]\nname = \"x\"\n[[scenario.turn]]\ndtmf = \"9z\"\n",
+            ),
+            (
+                "code.toml",
+                "[[scenario]]\nname = \"x\"\n[scenario.tools]\nhold = { error = \"Busy\" }\n",
+            ),
         ],
     );
     for (file, why) in [
         ("typo.toml", "unknown field `caler`"),
         ("two.toml", "one of caller"),
+        ("long.toml", "cannot send this as the caller's turn"),
+        ("keys.toml", "dtmf: \"9z\" are not keys"),
+        ("code.toml", "is not a protocol error code"),
     ] {
         let out = test_in(&dir, &["--agent", "agent.wasm", file]);
         let stderr = String::from_utf8_lossy(&out.stderr);

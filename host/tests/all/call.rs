@@ -12,15 +12,8 @@ use std::time::{Duration, Instant};
 /// Long enough for a debug build beside busy processes; a call that hangs fails the test, not CI.
 const DEADLINE: Duration = Duration::from_secs(90);
 
-/// A fresh directory named `name` holding `files`.
 fn author_dir(name: &str, files: &[(&str, &[u8])]) -> PathBuf {
-    let dir = voicehost_testkit::tmp_dir().join(format!("call-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for (file, bytes) in files {
-        std::fs::write(dir.join(file), bytes).unwrap();
-    }
-    dir
+    voicehost_testkit::author_dir(&format!("call-{name}"), files)
 }
 
 /// A directory holding the conformance agent as `agent.wasm`.
@@ -259,6 +252,35 @@ fn a_dropped_connection_is_resumed_and_what_the_caller_said_meanwhile_arrives() 
             "call ended: caller_hung_up",
         ],
     );
+    let hangups = lines.iter().filter(|l| *l == "caller: (hangs up)").count();
+    assert_eq!(hangups, 1, "/hangup, then the end of the input: one hangup");
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn a_line_sent_cannot_send_is_refused_and_the_call_goes_on() {
+    let dir = conformance_dir("long-line");
+    let long = format!("echo {}", "x".repeat(5000));
+    let (lines, code, stderr) = call_with(
+        &dir,
+        &["--agent", "agent.wasm"],
+        &[&long, "/dtmf 12x", "echo still here", "/hangup"],
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("not sent: Sent cannot send this as the caller's turn")),
+        "{}",
+        lines.join("\n")
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("/dtmf DIGITS: \"12x\" are not keys")),
+        "{}",
+        lines.join("\n")
+    );
+    assert_in_order(&lines, &["agent: still here", "call ended: caller_hung_up"]);
     assert_eq!(code, Some(0), "{stderr}");
 }
 
@@ -285,11 +307,28 @@ fn an_agent_the_host_gives_up_on_shows_its_trap_and_exits_1() {
     assert_in_order(
         &lines,
         &[
-            "tool: hangup",
+            "host: tool hangup (the failure policy, sent for the agent)",
+            "tool: hangup → ok",
             "the host gave up on the agent for this call: it applied the failure policy",
         ],
     );
     assert_eq!(code, Some(1));
+}
+
+/// A WAV file of no samples.
+fn empty_wav() -> Vec<u8> {
+    let mut file = std::io::Cursor::new(Vec::new());
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 16000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    hound::WavWriter::new(&mut file, spec)
+        .unwrap()
+        .finalize()
+        .unwrap();
+    file.into_inner()
 }
 
 /// 1 s of a 440 Hz tone, 8 kHz stereo.
@@ -386,6 +425,7 @@ fn what_cannot_start_a_call_exits_2_saying_why() {
         &[
             ("agent.wasm", &voicehost_testkit::guest("conformance")),
             ("text.wasm", b"not a component"),
+            ("empty.wav", &empty_wav()),
             (
                 "answers.toml",
                 b"[tools]\nhold = { error = \"Not A Code\" }\n",
@@ -409,6 +449,31 @@ fn what_cannot_start_a_call_exits_2_saying_why() {
         (
             vec!["--agent", "agent.wasm", "--context", "[1]"],
             "a JSON object",
+        ),
+        (
+            vec!["--agent", "agent.wasm", "--from", "12345"],
+            "not a party Sent sends",
+        ),
+        (
+            vec!["--agent", "agent.wasm", "--to", "pigeon loft:1"],
+            "not a party Sent sends",
+        ),
+        (
+            vec!["--agent", "agent.wasm", "--audio", "empty.wav"],
+            "holds no audio",
+        ),
+        (
+            vec![
+                "--agent",
+                "agent.wasm",
+                "--audio-out",
+                "no/such/dir/agent.wav",
+            ],
+            "--audio-out: cannot write",
+        ),
+        (
+            vec!["--agent", "agent.wasm", "--memory-mib", "1"],
+            "initial memory",
         ),
     ] {
         let (_, code, stderr) = call_with(&dir, &args, &[]);

@@ -7,15 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use voicehost_testkit::{Hosting, ACME_TOKEN};
 
-/// A fresh directory named `name` holding `files`.
 fn author_dir(name: &str, files: &[(&str, &[u8])]) -> PathBuf {
-    let dir = voicehost_testkit::tmp_dir().join(format!("check-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for (file, bytes) in files {
-        std::fs::write(dir.join(file), bytes).unwrap();
-    }
-    dir
+    voicehost_testkit::author_dir(&format!("check-{name}"), files)
 }
 
 fn check_in(dir: &Path, args: &[&str]) -> Output {

@@ -15,6 +15,7 @@ mod fairness;
 mod filesystem;
 mod guest_faults;
 mod load;
+mod new;
 mod operator;
 mod outbound;
 mod policy;

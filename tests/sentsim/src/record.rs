@@ -3,6 +3,7 @@
 //! and, when what they wait for does not come, fail with what did arrive.
 
 use serde_json::Value;
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -121,7 +122,10 @@ impl fmt::Display for Violation {
 
 #[derive(Default)]
 struct Log {
-    records: Vec<Arc<Record>>,
+    /// The records from the sequence number `forgotten` on.
+    records: VecDeque<Arc<Record>>,
+    /// How many records were forgotten ([`Recorder::forget_before`]).
+    forgotten: usize,
     violations: Vec<Violation>,
 }
 
@@ -152,8 +156,8 @@ impl Recorder {
     pub fn push(&self, conn: u32, dir: Dir, session: Option<&str>, what: What) -> usize {
         let seq = {
             let mut log = self.log();
-            let seq = log.records.len();
-            log.records.push(Arc::new(Record {
+            let seq = log.forgotten + log.records.len();
+            log.records.push_back(Arc::new(Record {
                 seq,
                 at: Instant::now(),
                 conn,
@@ -172,7 +176,7 @@ impl Recorder {
         let message = message.into();
         tracing::warn!(conn, session, %message, "protocol violation by the agent");
         let mut log = self.log();
-        let seq = log.records.len();
+        let seq = log.forgotten + log.records.len();
         log.violations.push(Violation {
             seq,
             conn,
@@ -183,7 +187,18 @@ impl Recorder {
 
     /// How many records there are: the sequence number the next one gets.
     pub fn len(&self) -> usize {
-        self.log().records.len()
+        let log = self.log();
+        log.forgotten + log.records.len()
+    }
+
+    /// Lets go of the records before the sequence number `seq` (a long-running user, such as `voicehost
+    /// call`, that has read them, so that memory stays bounded): reading from an earlier number then starts
+    /// at `seq`. Violations are kept.
+    pub fn forget_before(&self, seq: usize) {
+        let mut log = self.log();
+        let drop = seq.saturating_sub(log.forgotten).min(log.records.len());
+        log.records.drain(..drop);
+        log.forgotten += drop;
     }
 
     /// Whether nothing has been recorded yet.
@@ -195,7 +210,8 @@ impl Recorder {
     /// which is held while records are pushed.
     fn tail(&self, from: usize) -> Vec<Arc<Record>> {
         let log = self.log();
-        log.records.get(from..).unwrap_or_default().to_vec()
+        let skip = from.saturating_sub(log.forgotten).min(log.records.len());
+        log.records.range(skip..).cloned().collect()
     }
 
     /// The records from `from` on that match.
@@ -234,7 +250,7 @@ impl Recorder {
         loop {
             tick.borrow_and_update();
             let fresh = self.tail(next);
-            next += fresh.len();
+            next = fresh.last().map_or(next, |last| last.seq + 1);
             if let Some(found) = fresh.into_iter().find(|r| wanted(r)) {
                 return Ok(found);
             }

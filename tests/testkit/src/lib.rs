@@ -46,3 +46,15 @@ pub fn workspace_binary(package: &str, name: &str) -> std::path::PathBuf {
 pub fn tmp_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tmp")
 }
+
+/// A fresh directory under [`tmp_dir`] named for the test (`name`) and this process, holding `files`
+/// (name, contents): an agent author's working directory, for the CLI's commands run as they would be.
+pub fn author_dir(name: &str, files: &[(&str, &[u8])]) -> std::path::PathBuf {
+    let dir = tmp_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, bytes) in files {
+        std::fs::write(dir.join(file), bytes).unwrap();
+    }
+    dir
+}
