@@ -37,7 +37,7 @@ pub fn read(path: &Path, rate: u32, most: Duration) -> Result<Vec<u8>> {
     if frames * u64::from(rate) / u64::from(spec.sample_rate) == 0 {
         bail!("--audio {name}: the file holds no audio ({seconds:.3} s)");
     }
-    let samples: Box<dyn Iterator<Item = hound::Result<f32>>> = match spec.sample_format {
+    let mut samples: Box<dyn Iterator<Item = hound::Result<f32>>> = match spec.sample_format {
         hound::SampleFormat::Float => Box::new(reader.into_samples::<f32>()),
         hound::SampleFormat::Int => {
             let scale = 1.0 / (1u64 << (spec.bits_per_sample.clamp(1, 32) - 1)) as f32;
@@ -48,7 +48,6 @@ pub fn read(path: &Path, rate: u32, most: Duration) -> Result<Vec<u8>> {
             )
         }
     };
-    let mut samples = samples;
     let mut failure = None;
     // One mono sample per frame of the file: its channels' mean. A read error ends the stream; it is
     // reported below.
