@@ -42,7 +42,7 @@
 //! ```no_run
 //! use std::cell::Cell;
 //!
-//! use voicehost_agent::{export_agent, log, Agent, Media, Session, ToolResult, UserSaid};
+//! use voicehost_agent::{export_agent, log, Agent, Error, Media, Session, ToolResult, UserSaid};
 //!
 //! /// One value per call: the host creates it when the call's instance starts.
 //! #[derive(Default)]
@@ -52,14 +52,14 @@
 //! }
 //!
 //! impl Agent for Receptionist {
-//!     fn on_session_start(&self, session: &Session) -> Result<(), String> {
+//!     fn on_session_start(&self, session: &Session) -> Result<(), Error> {
 //!         if session.info().media == Media::Text {
 //!             session.say("Hello, how can I help?")?;
 //!         }
 //!         Ok(())
 //!     }
 //!
-//!     fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+//!     fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), Error> {
 //!         self.turns.set(self.turns.get() + 1);
 //!         log::info!("turn {}: {:?}", self.turns.get(), said.text);
 //!         if said.text.contains("human") {
@@ -80,18 +80,18 @@
 //!         Ok(())
 //!     }
 //!
-//!     fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), String> {
+//!     fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), Error> {
 //!         // Audio calls: play the caller's audio back (never fails).
 //!         session.send_audio(&samples);
 //!         Ok(())
 //!     }
 //!
-//!     fn on_tool_result(&self, _session: &Session, result: ToolResult) -> Result<(), String> {
+//!     fn on_tool_result(&self, _session: &Session, result: ToolResult) -> Result<(), Error> {
 //!         log::debug(&format!("tool {} ok={}", result.call_ref, result.ok));
 //!         Ok(())
 //!     }
 //!
-//!     fn on_restart(&self, session: &Session, reason: String) -> Result<(), String> {
+//!     fn on_restart(&self, session: &Session, reason: String) -> Result<(), Error> {
 //!         // A fresh instance took over after a trap: fields start anew, saved state is still there.
 //!         log::warn!("restarted after: {reason}");
 //!         if let Some(turns) = session.load("turns") {
@@ -109,13 +109,21 @@
 //!
 //! ## Errors and traps
 //!
-//! An `Err(String)` returned by a handler method is logged and counted by the host, and the call goes
-//! on. Every [`Refused`] converts into a `String`, so `?` works on session calls inside handlers. When a
-//! session call is refused with [`Refused::Ended`], nothing more can be done on the call: stop.
+//! Handlers return [`Error`]: an `Err` is logged and counted by the host, and the call goes on. A
+//! [`Refused`] converts into it, and so do a `String`, a `&str` and a `serde_json::Error`, so `?` works on
+//! session calls and the agent's own failures alike. When a session call is refused with
+//! [`Refused::Ended`] ([`Error::is_ended`]), nothing more can be done on the call: stop.
 //!
 //! A panic (or running past the host's CPU deadline, memory cap or stack) traps the instance: the host
 //! replaces it with a fresh one, which gets [`Agent::on_restart`] before the next event. Fields of the
 //! agent value start anew; what was kept with [`Session::save`] is still there.
+//!
+//! ## Unit tests without Wasm
+//!
+//! With the feature `testing` (`[dev-dependencies] voicehost-agent = { …, features = ["testing"] }`),
+//! [`testing::TestCall`] plays the host natively: `cargo test` calls the agent's methods, and the test
+//! looks at what it said, sent, called and saved. `voicehost test` then runs the component itself on the
+//! real host.
 
 #![warn(missing_docs)]
 
@@ -139,13 +147,17 @@ pub mod bindings {
     });
 }
 
+mod error;
 pub mod log;
 mod session;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use bindings::voicehost::agent::types::{
     Call, Direction, Media, Party, Refused, SessionEnd, ToolError, ToolResult, UnknownFrame,
     UserSaid,
 };
+pub use error::Error;
 pub use session::Session;
 
 /// `serde_json`, re-exported for building [`Session::tool`] arguments (`serde_json::json!`).
@@ -163,63 +175,56 @@ pub use serde_json;
 /// instance is single-threaded and its methods take `&self`.
 pub trait Agent: 'static {
     /// The call reached the agent. A text agent usually greets here ([`Session::say`]).
-    fn on_session_start(&self, session: &Session) -> Result<(), String> {
+    fn on_session_start(&self, session: &Session) -> Result<(), Error> {
         let _ = session;
         Ok(())
     }
 
     /// Text calls: the caller said something. With `said.correction` true it replaces the previous
     /// utterance, and what the agent did about that one may be moot ([`Session::clear`]).
-    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), Error> {
         let _ = (session, said);
         Ok(())
     }
 
     /// Audio calls: the caller's audio, 16-bit mono PCM at the call's sample rate ([`Call::media`]),
     /// usually 20 ms.
-    fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), String> {
+    fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), Error> {
         let _ = (session, samples);
         Ok(())
     }
 
     /// Sent answered a tool call. The [`Session::tool`] call waiting for it got the same answer.
-    fn on_tool_result(&self, session: &Session, result: ToolResult) -> Result<(), String> {
+    fn on_tool_result(&self, session: &Session, result: ToolResult) -> Result<(), Error> {
         let _ = (session, result);
         Ok(())
     }
 
     /// A session frame of a type the host does not know, as JSON.
-    fn on_frame(&self, session: &Session, frame: UnknownFrame) -> Result<(), String> {
+    fn on_frame(&self, session: &Session, frame: UnknownFrame) -> Result<(), Error> {
         let _ = (session, frame);
         Ok(())
     }
 
     /// The call left the agent (`end.reason` says why). Nothing can be done on it any more; this is the
     /// last call.
-    fn on_session_end(&self, session: &Session, end: SessionEnd) -> Result<(), String> {
+    fn on_session_end(&self, session: &Session, end: SessionEnd) -> Result<(), Error> {
         let _ = (session, end);
         Ok(())
     }
 
     /// The connection to Sent was lost and the call could not be moved: Sent ends it. This is the last
     /// call; no [`Agent::on_session_end`] follows.
-    fn on_session_lost(&self, session: &Session) -> Result<(), String> {
+    fn on_session_lost(&self, session: &Session) -> Result<(), Error> {
         let _ = session;
         Ok(())
     }
 
     /// The instance before this one trapped (`reason` says how) and this fresh one takes over the call.
     /// This value's fields start anew; state kept with [`Session::save`] is still there.
-    fn on_restart(&self, session: &Session, reason: String) -> Result<(), String> {
+    fn on_restart(&self, session: &Session, reason: String) -> Result<(), Error> {
         let _ = (session, reason);
         Ok(())
-    }
-}
-
-impl From<Refused> for String {
-    /// The refusal's name and description, so that `?` works on session calls in [`Agent`] methods.
-    fn from(refused: Refused) -> String {
-        refused.to_string()
     }
 }
 
@@ -294,7 +299,7 @@ impl Media {
 ///         &self,
 ///         session: &voicehost_agent::Session,
 ///         _said: voicehost_agent::UserSaid,
-///     ) -> Result<(), String> {
+///     ) -> Result<(), voicehost_agent::Error> {
 ///         self.left.set(self.left.get().saturating_sub(1));
 ///         if self.left.get() == 0 {
 ///             session.hangup()?;
@@ -325,39 +330,47 @@ macro_rules! export_agent {
             impl $crate::__private::Guest for __VoicehostAgentExport {
                 fn on_session_start() -> ::core::result::Result<(), ::std::string::String> {
                     __with_agent(|a, s| $crate::Agent::on_session_start(a, s))
+                        .map_err(|e| ::std::string::ToString::to_string(&e))
                 }
                 fn on_user_said(
                     said: $crate::UserSaid,
                 ) -> ::core::result::Result<(), ::std::string::String> {
                     __with_agent(|a, s| $crate::Agent::on_user_said(a, s, said))
+                        .map_err(|e| ::std::string::ToString::to_string(&e))
                 }
                 fn on_audio(
                     samples: ::std::vec::Vec<i16>,
                 ) -> ::core::result::Result<(), ::std::string::String> {
                     __with_agent(|a, s| $crate::Agent::on_audio(a, s, samples))
+                        .map_err(|e| ::std::string::ToString::to_string(&e))
                 }
                 fn on_tool_result(
                     result: $crate::ToolResult,
                 ) -> ::core::result::Result<(), ::std::string::String> {
                     __with_agent(|a, s| $crate::Agent::on_tool_result(a, s, result))
+                        .map_err(|e| ::std::string::ToString::to_string(&e))
                 }
                 fn on_frame(
                     frame: $crate::UnknownFrame,
                 ) -> ::core::result::Result<(), ::std::string::String> {
                     __with_agent(|a, s| $crate::Agent::on_frame(a, s, frame))
+                        .map_err(|e| ::std::string::ToString::to_string(&e))
                 }
                 fn on_session_end(
                     end: $crate::SessionEnd,
                 ) -> ::core::result::Result<(), ::std::string::String> {
                     __with_agent(|a, s| $crate::Agent::on_session_end(a, s, end))
+                        .map_err(|e| ::std::string::ToString::to_string(&e))
                 }
                 fn on_session_lost() -> ::core::result::Result<(), ::std::string::String> {
                     __with_agent(|a, s| $crate::Agent::on_session_lost(a, s))
+                        .map_err(|e| ::std::string::ToString::to_string(&e))
                 }
                 fn on_restart(
                     reason: ::std::string::String,
                 ) -> ::core::result::Result<(), ::std::string::String> {
                     __with_agent(|a, s| $crate::Agent::on_restart(a, s, reason))
+                        .map_err(|e| ::std::string::ToString::to_string(&e))
                 }
             }
 

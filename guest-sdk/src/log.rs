@@ -15,7 +15,7 @@ pub use crate::bindings::voicehost::agent::log::Level;
 
 /// Log `message` at `level`.
 pub fn log(level: Level, message: &str) {
-    imports::log(level, message)
+    crate::session::host!(double => double.log(level, message), imports::log(level, message))
 }
 
 /// Log `message` at [`Level::Trace`].

@@ -5,6 +5,19 @@ use serde_json::{Map, Value};
 use crate::bindings::voicehost::agent::session as imports;
 use crate::{Call, Party, Refused, ToolResult};
 
+/// The host's import `$import`, or what this thread's test double answers (`$test`, with the double as
+/// `$double`) while a [`TestCall`](crate::testing::TestCall) lives (feature `testing`).
+macro_rules! host {
+    ($double:ident => $test:expr, $import:expr) => {{
+        #[cfg(feature = "testing")]
+        if let Some($double) = crate::testing::current() {
+            return $test;
+        }
+        $import
+    }};
+}
+pub(crate) use host;
+
 /// The call this instance serves: every [`Agent`](crate::Agent) method gets it.
 ///
 /// It is a zero-sized handle over the host's `session` interface: copying it is free, and every method
@@ -22,14 +35,14 @@ impl Session {
 
     /// The call, as it started: ids, direction, parties, media, language, context.
     pub fn info(&self) -> Call {
-        imports::info()
+        host!(double => double.info(), imports::info())
     }
 
     /// Text calls: speak `text` (1 to 4096 characters) as a complete utterance that the caller may
     /// interrupt. Refused with [`Refused::WrongMedia`] on an audio call, [`Refused::Invalid`] for an empty
     /// or too long text.
     pub fn say(&self, text: &str) -> Result<(), Refused> {
-        imports::say(text, None, None)
+        host!(double => double.say(text, None, None), imports::say(text, None, None))
     }
 
     /// Text calls: speak `text`, saying whether more text for the same utterance follows (`last:
@@ -41,19 +54,22 @@ impl Session {
         last: Option<bool>,
         interruptible: Option<bool>,
     ) -> Result<(), Refused> {
-        imports::say(text, last, interruptible)
+        host!(
+            double => double.say(text, last, interruptible),
+            imports::say(text, last, interruptible)
+        )
     }
 
     /// Drop the speech or audio sent that Sent has not played yet.
     pub fn clear(&self) -> Result<(), Refused> {
-        imports::clear()
+        host!(double => double.clear(), imports::clear())
     }
 
     /// Audio calls: play these samples (16-bit mono PCM at the call's sample rate; 20 ms per call is
     /// best). It never fails: after the end, while the call moves between connections, or on a text call,
     /// the audio is dropped.
     pub fn send_audio(&self, samples: &[i16]) {
-        imports::send_audio(samples)
+        host!(double => double.send_audio(samples), imports::send_audio(samples))
     }
 
     /// Use one of Sent's tools with its arguments (a JSON object, or `None` for no arguments) and wait
@@ -71,12 +87,12 @@ impl Session {
     /// ```
     pub fn tool(&self, name: &str, arguments: Option<Value>) -> Result<ToolResult, Refused> {
         let arguments = arguments.map(|arguments| arguments.to_string());
-        imports::tool(name, arguments.as_deref())
+        self.tool_json(name, arguments.as_deref())
     }
 
     /// [`Session::tool`] with the arguments already serialized as a JSON object.
     pub fn tool_json(&self, name: &str, arguments: Option<&str>) -> Result<ToolResult, Refused> {
-        imports::tool(name, arguments)
+        host!(double => double.tool(name, arguments), imports::tool(name, arguments))
     }
 
     /// Move the call to another party (`user`, `number` or `agent`; see [`Party::user`],
@@ -123,11 +139,11 @@ impl Session {
     /// [`Agent::on_restart`](crate::Agent::on_restart)). Refused with [`Refused::OverLimit`] when the
     /// host's limit on saved state would be passed, [`Refused::Invalid`] for a bad key.
     pub fn save(&self, key: &str, value: &[u8]) -> Result<(), Refused> {
-        imports::save(key, value)
+        host!(double => double.save(key, value), imports::save(key, value))
     }
 
     /// The value saved under `key` for this call, if any.
     pub fn load(&self, key: &str) -> Option<Vec<u8>> {
-        imports::load(key)
+        host!(double => double.load(key), imports::load(key))
     }
 }

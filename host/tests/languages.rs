@@ -142,8 +142,31 @@ fn the_c_conformance_agent_passes_its_shipped_scenarios() {
 
 #[test]
 #[ignore = "builds a generated project with the language's toolchain: scripts/test runs this"]
-fn a_new_rust_agent_builds_and_passes_voicehost_test() {
+fn a_new_rust_agent_builds_and_passes_voicehost_test_and_its_unit_tests() {
     a_new_project_builds_and_passes("rust", &[]);
+    let parent = voicehost_testkit::author_dir("new-rust-unit", &[]);
+    let made = std::process::Command::new(env!("CARGO_BIN_EXE_voicehost"))
+        .args(["new", "desk", "--lang", "rust"])
+        .current_dir(&parent)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let tested = std::process::Command::new("cargo")
+        .args(["test", "--quiet"])
+        .current_dir(parent.join("desk"))
+        .env("CARGO_TARGET_DIR", repo().join("target/guests"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&tested.stdout);
+    assert!(tested.status.success(), "{tested:?}");
+    // The generated agent's own unit tests ran, on the SDK's stand-in for the host.
+    let ran = out
+        .lines()
+        .filter_map(|line| line.strip_prefix("test result: ok. "))
+        .filter_map(|rest| rest.split(' ').next()?.parse::<u32>().ok())
+        .sum::<u32>();
+    assert!(ran > 0, "{out}");
+    std::fs::remove_dir_all(&parent).unwrap();
 }
 
 #[test]

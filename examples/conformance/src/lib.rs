@@ -25,7 +25,7 @@
 //! survives a restart, so "echo a", "panic", "count" says "utterances: 3" from the fresh instance.
 
 use voicehost_agent::{
-    export_agent, log, Agent, Media, Party, Refused, Session, ToolResult, UserSaid,
+    export_agent, log, Agent, Error, Media, Party, Refused, Session, ToolResult, UserSaid,
 };
 
 /// What the conformance agent says first in a text call.
@@ -87,14 +87,14 @@ fn step<T>(result: Result<T, Refused>) -> Result<(), Refused> {
 }
 
 impl Agent for Conformance {
-    fn on_session_start(&self, session: &Session) -> Result<(), String> {
+    fn on_session_start(&self, session: &Session) -> Result<(), Error> {
         if session.info().media == Media::Text {
             let _ = step(session.say(GREETING));
         }
         Ok(())
     }
 
-    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), Error> {
         if step(count_utterance(session)).is_err() {
             return Ok(());
         }
@@ -106,7 +106,7 @@ impl Agent for Conformance {
         Ok(())
     }
 
-    fn on_tool_result(&self, session: &Session, result: ToolResult) -> Result<(), String> {
+    fn on_tool_result(&self, session: &Session, result: ToolResult) -> Result<(), Error> {
         if !result.ok {
             if let Some(error) = result.error {
                 let _ = step(session.say(&format!("Tool failed: {}", error.code)));
@@ -115,10 +115,97 @@ impl Agent for Conformance {
         Ok(())
     }
 
-    fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), String> {
+    fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), Error> {
         session.send_audio(&samples);
         Ok(())
     }
 }
 
 export_agent!(Conformance);
+
+/// The agent's logic, natively: the SDK's `testing::TestCall` plays the host (`cargo test`).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use voicehost_agent::serde_json::json;
+    use voicehost_agent::testing::{TestCall, ToolAnswer};
+
+    #[test]
+    fn a_text_call_is_greeted_and_echo_says_the_rest() {
+        let call = TestCall::text();
+        Conformance.on_session_start(&call.session()).unwrap();
+        call.user_said(&Conformance, "echo hello there").unwrap();
+        assert_eq!(call.said(), [GREETING, "hello there"]);
+    }
+
+    #[test]
+    fn stream_says_its_first_word_with_more_to_come() {
+        let call = TestCall::text();
+        call.user_said(&Conformance, "stream Let me think").unwrap();
+        let speech = call.speech();
+        assert_eq!((speech[0].text.as_str(), speech[0].last), ("Let", false));
+        assert_eq!(
+            (speech[1].text.as_str(), speech[1].last),
+            ("me think", true)
+        );
+    }
+
+    #[test]
+    fn dtmf_and_transfer_call_their_tools() {
+        let call = TestCall::text();
+        call.user_said(&Conformance, "dtmf 42#").unwrap();
+        call.user_said(&Conformance, "transfer").unwrap();
+        let tools = call.tool_calls();
+        assert_eq!(tools[0].name, "send_dtmf");
+        assert_eq!(tools[0].arguments, Some(json!({"digits": "42#"})));
+        assert_eq!(
+            tools[1].arguments,
+            Some(json!({"to": {"kind": "user", "value": "conformance-desk"}}))
+        );
+        // A transfer Sent accepts ends the call, as it would on the host.
+        assert!(call.ended());
+    }
+
+    #[test]
+    fn a_failed_tool_result_is_said() {
+        let call = TestCall::text();
+        call.answer_tool(
+            "hold",
+            ToolAnswer::Failed("hold_unsupported".into(), "no hold here".into()),
+        );
+        call.user_said(&Conformance, "hold").unwrap();
+        // The host hands the same answer to on_tool_result; here the test does.
+        let result = call.tool_results().remove(0);
+        Conformance.on_tool_result(&call.session(), result).unwrap();
+        assert_eq!(call.said(), ["Tool failed: hold_unsupported"]);
+    }
+
+    #[test]
+    fn the_count_is_saved_so_a_fresh_instance_reads_it() {
+        let call = TestCall::text();
+        call.user_said(&Conformance, "echo a").unwrap();
+        // A fresh instance (a new agent value) finds what the one before saved.
+        call.user_said(&Conformance, "count").unwrap();
+        assert_eq!(call.said(), ["a", "utterances: 2"]);
+        assert_eq!(call.saved(COUNTER_KEY).as_deref(), Some(&b"2"[..]));
+    }
+
+    #[test]
+    fn audio_is_echoed_and_an_audio_call_gets_no_greeting() {
+        let call = TestCall::audio(16000);
+        Conformance.on_session_start(&call.session()).unwrap();
+        Conformance
+            .on_audio(&call.session(), vec![1, -2, 3])
+            .unwrap();
+        assert_eq!(call.audio_sent(), [1, -2, 3]);
+        assert!(call.said().is_empty());
+    }
+
+    #[test]
+    fn after_the_end_the_agent_says_nothing_more() {
+        let call = TestCall::text();
+        call.end(&Conformance, "caller_hung_up").unwrap();
+        call.user_said(&Conformance, "echo too late").unwrap();
+        assert!(call.said().is_empty());
+    }
+}

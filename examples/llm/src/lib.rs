@@ -12,7 +12,7 @@
 //! The host decides where an agent may send requests: by default nowhere.
 
 use voicehost_agent::serde_json::{self, json, Value};
-use voicehost_agent::{export_agent, log, Agent, Media, Session, UserSaid};
+use voicehost_agent::{export_agent, log, Agent, Error, Media, Session, UserSaid};
 use wasip2::http::outgoing_handler;
 use wasip2::http::types::{
     ErrorCode, Fields, IncomingBody, Method, OutgoingBody, OutgoingRequest, Scheme,
@@ -27,14 +27,14 @@ const MAX_ANSWER: usize = 1 << 20;
 pub struct Llm;
 
 impl Agent for Llm {
-    fn on_session_start(&self, session: &Session) -> Result<(), String> {
+    fn on_session_start(&self, session: &Session) -> Result<(), Error> {
         if session.info().media == Media::Text {
             session.say("Hello from the llm agent.")?;
         }
         Ok(())
     }
 
-    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), Error> {
         let Some(url) = llm_url(session) else {
             session.say("sorry, I have no brain configured")?;
             return Ok(());

@@ -140,20 +140,13 @@ fn project(name: &str, lang: Lang) -> Vec<File> {
                     include_str!("../../../examples/conformance/build.sh"),
                 ),
                 File::text("sdk/Cargo.toml", &sdk_cargo_toml()),
-                File::text(
-                    "sdk/src/lib.rs",
-                    include_str!("../../../guest-sdk/src/lib.rs"),
-                ),
-                File::text(
-                    "sdk/src/log.rs",
-                    include_str!("../../../guest-sdk/src/log.rs"),
-                ),
-                File::text(
-                    "sdk/src/session.rs",
-                    include_str!("../../../guest-sdk/src/session.rs"),
-                ),
                 File::text(".gitignore", "/target\n"),
             ]);
+            files.extend(
+                SDK_SOURCES
+                    .iter()
+                    .map(|(path, text)| File::text(path, text)),
+            );
         }
         Lang::Js => {
             files.extend([
@@ -195,6 +188,30 @@ fn project(name: &str, lang: Lang) -> Vec<File> {
     files
 }
 
+/// The guest SDK's sources, each file of `guest-sdk/src` (a test checks none is missing).
+const SDK_SOURCES: &[(&str, &str)] = &[
+    (
+        "sdk/src/lib.rs",
+        include_str!("../../../guest-sdk/src/lib.rs"),
+    ),
+    (
+        "sdk/src/error.rs",
+        include_str!("../../../guest-sdk/src/error.rs"),
+    ),
+    (
+        "sdk/src/log.rs",
+        include_str!("../../../guest-sdk/src/log.rs"),
+    ),
+    (
+        "sdk/src/session.rs",
+        include_str!("../../../guest-sdk/src/session.rs"),
+    ),
+    (
+        "sdk/src/testing.rs",
+        include_str!("../../../guest-sdk/src/testing.rs"),
+    ),
+];
+
 /// The conformance scenarios, with a header for the project instead of the repository's.
 fn scenarios() -> String {
     let body = SCENARIOS
@@ -225,6 +242,10 @@ crate-type = ["cdylib"]
 [dependencies]
 # voicehost's guest SDK, carried in sdk/ (it is not on crates.io).
 voicehost-agent = {{ path = "sdk" }}
+
+[dev-dependencies]
+# `cargo test`: the agent's unit tests natively, with the SDK's stand-in for the host (sdk/src/testing.rs).
+voicehost-agent = {{ path = "sdk", features = ["testing"] }}
 
 [workspace]
 
@@ -296,12 +317,20 @@ fn readme(name: &str, lang: Lang) -> String {
          ## Test it\n\n\
          ```sh\nvoicehost test --agent target/agent.wasm tests/scenarios.toml --junit report.xml\n```\n\n\
          The checks every agent must pass, then `tests/scenarios.toml`: caller turns and what the agent must \
-         answer. It exits non-zero when a test fails, for CI.\n\n\
+         answer. It exits non-zero when a test fails, for CI.{unit}\n\n\
          ## Serve it\n\n\
          `voicehost check target/agent.wasm` says whether an upload would take it; then `voicehost run \
          --agent target/agent.wasm --agent-id agent_…` serves it on Sent, or `voicehost agents upload` hands \
          it to a platform's `voicehost serve`.\n",
-        lang = lang_name(lang)
+        lang = lang_name(lang),
+        unit = match lang {
+            Lang::Rust => {
+                "\n\n`cargo test` runs the agent's unit tests natively, without Wasm or a host: the \
+                 tests at the bottom of `src/lib.rs` drive the agent through `voicehost_agent::testing::TestCall`, \
+                 the SDK's stand-in for the host (`features = [\"testing\"]`, a dev-dependency)."
+            }
+            _ => "",
+        }
     )
 }
 
@@ -420,6 +449,19 @@ mod tests {
         );
         let scenarios: toml::Table = toml::from_str(text("tests/scenarios.toml")).unwrap();
         assert_eq!(scenarios["scenario"].as_array().unwrap().len(), 5);
+    }
+
+    #[test]
+    fn the_rust_project_carries_every_source_file_of_the_guest_sdk() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk/src");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| format!("sdk/src/{}", entry.unwrap().file_name().to_string_lossy()))
+            .collect();
+        let mut carried: Vec<String> = SDK_SOURCES.iter().map(|(p, _)| p.to_string()).collect();
+        on_disk.sort();
+        carried.sort();
+        assert_eq!(carried, on_disk);
     }
 
     #[test]

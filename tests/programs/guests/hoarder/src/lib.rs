@@ -24,7 +24,7 @@
 
 use std::cell::RefCell;
 
-use voicehost_agent::{export_agent, log, Agent, Session, SessionEnd, UserSaid};
+use voicehost_agent::{export_agent, log, Agent, Error, Session, SessionEnd, UserSaid};
 use wasip2::http::types::{Fields, Method, OutgoingBody, OutgoingRequest};
 use wasip2::io::streams::OutputStream;
 
@@ -93,7 +93,7 @@ fn flood(
     what: &str,
     n: u64,
     mut each: impl FnMut(u64) -> Result<(), voicehost_agent::Refused>,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let (mut ok, mut refused, mut first) = (0, 0, None);
     for i in 0..n {
         match each(i) {
@@ -119,12 +119,12 @@ fn count(text: &str) -> Result<u64, String> {
 }
 
 impl Agent for Hoarder {
-    fn on_session_start(&self, session: &Session) -> Result<(), String> {
+    fn on_session_start(&self, session: &Session) -> Result<(), Error> {
         session.say("Hello from the hoarder.")?;
         Ok(())
     }
 
-    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), Error> {
         let (command, argument) = said.text.split_once(' ').unwrap_or((&said.text, ""));
         match command {
             "fields" => {
@@ -201,7 +201,7 @@ impl Agent for Hoarder {
                             .tool_json("send_dtmf", Some(r#"{"digits":"1"}"#))
                             .map(|_| ())
                     })?,
-                    _ => return Err(format!("flood {what}?")),
+                    _ => return Err(format!("flood {what}?").into()),
                 }
             }
             "report" => {
@@ -213,17 +213,17 @@ impl Agent for Hoarder {
         Ok(())
     }
 
-    fn on_session_end(&self, session: &Session, _end: SessionEnd) -> Result<(), String> {
+    fn on_session_end(&self, session: &Session, _end: SessionEnd) -> Result<(), Error> {
         trap_if_armed(session, "end");
         Ok(())
     }
 
-    fn on_session_lost(&self, session: &Session) -> Result<(), String> {
+    fn on_session_lost(&self, session: &Session) -> Result<(), Error> {
         trap_if_armed(session, "lost");
         Ok(())
     }
 
-    fn on_restart(&self, session: &Session, _reason: String) -> Result<(), String> {
+    fn on_restart(&self, session: &Session, _reason: String) -> Result<(), Error> {
         trap_if_armed(session, "restart");
         Ok(())
     }

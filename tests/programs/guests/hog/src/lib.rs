@@ -10,7 +10,7 @@
 use core::hint::black_box;
 use std::cell::RefCell;
 
-use voicehost_agent::{export_agent, Agent, Media, Session, UserSaid};
+use voicehost_agent::{export_agent, Agent, Error, Media, Session, UserSaid};
 
 /// The size of one chunk.
 const CHUNK: usize = 1 << 20;
@@ -34,14 +34,14 @@ impl Hog {
 }
 
 impl Agent for Hog {
-    fn on_session_start(&self, session: &Session) -> Result<(), String> {
+    fn on_session_start(&self, session: &Session) -> Result<(), Error> {
         if session.info().media == Media::Text {
             session.say("Hello from the hog.")?;
         }
         Ok(())
     }
 
-    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), Error> {
         if said.text == "grow" {
             self.grow();
         }

@@ -10,7 +10,7 @@
 
 use core::hint::black_box;
 
-use voicehost_agent::{export_agent, log, Agent, Media, Session, UserSaid};
+use voicehost_agent::{export_agent, log, Agent, Error, Media, Session, UserSaid};
 
 /// The looper agent.
 #[derive(Default)]
@@ -43,14 +43,14 @@ fn spin_through(session: &Session, import: &str) -> ! {
 }
 
 impl Agent for Looper {
-    fn on_session_start(&self, session: &Session) -> Result<(), String> {
+    fn on_session_start(&self, session: &Session) -> Result<(), Error> {
         if session.info().media == Media::Text {
             session.say("Hello from the looper.")?;
         }
         Ok(())
     }
 
-    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), Error> {
         if said.text == "loop" {
             spin();
         }

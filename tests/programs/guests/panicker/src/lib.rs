@@ -8,21 +8,21 @@
 //! * anything else: nothing;
 //! * audio: echoed back.
 
-use voicehost_agent::{export_agent, log, Agent, Media, Session, UserSaid};
+use voicehost_agent::{export_agent, log, Agent, Error, Media, Session, UserSaid};
 
 /// The panicker agent.
 #[derive(Default)]
 pub struct Panicker;
 
 impl Agent for Panicker {
-    fn on_session_start(&self, session: &Session) -> Result<(), String> {
+    fn on_session_start(&self, session: &Session) -> Result<(), Error> {
         if session.info().media == Media::Text {
             session.say("Hello from the panicker.")?;
         }
         Ok(())
     }
 
-    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), Error> {
         if said.text == "panic" {
             panic!("the panicker was asked to panic");
         }
@@ -39,7 +39,7 @@ impl Agent for Panicker {
         Ok(())
     }
 
-    fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), String> {
+    fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), Error> {
         session.send_audio(&samples);
         Ok(())
     }

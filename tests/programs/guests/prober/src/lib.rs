@@ -30,7 +30,7 @@
 //! The call's pattern: the bytes of `"<session_id>;"` repeated, as 16-bit little-endian samples, so that
 //! Sent can tell whose audio a message carries whatever stream number it arrives under.
 
-use voicehost_agent::{export_agent, log, Agent, Media, Session, UnknownFrame, UserSaid};
+use voicehost_agent::{export_agent, log, Agent, Error, Media, Session, UnknownFrame, UserSaid};
 
 /// What the prober says first in a text call.
 pub const GREETING: &str = "Hello from the prober.";
@@ -83,7 +83,7 @@ fn number(word: Option<&str>) -> u32 {
 }
 
 /// One text command (see the table above).
-fn run_command(session: &Session, text: &str) -> Result<(), String> {
+fn run_command(session: &Session, text: &str) -> Result<(), Error> {
     let mut words = text.split(' ');
     match words.next() {
         Some("echo") => {
@@ -142,14 +142,14 @@ fn run_command(session: &Session, text: &str) -> Result<(), String> {
 }
 
 impl Agent for Prober {
-    fn on_session_start(&self, session: &Session) -> Result<(), String> {
+    fn on_session_start(&self, session: &Session) -> Result<(), Error> {
         if session.info().media == Media::Text {
             session.say(GREETING)?;
         }
         Ok(())
     }
 
-    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), Error> {
         // Several commands in one utterance run in order; the first refusal is the handler's error.
         let mut failed = Ok(());
         for command in said.text.split(" ; ") {
@@ -161,7 +161,7 @@ impl Agent for Prober {
         failed
     }
 
-    fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), String> {
+    fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), Error> {
         let command = command(session);
         let mut words = command.split(' ');
         match words.next() {
@@ -194,7 +194,7 @@ impl Agent for Prober {
         Ok(())
     }
 
-    fn on_frame(&self, session: &Session, _frame: UnknownFrame) -> Result<(), String> {
+    fn on_frame(&self, session: &Session, _frame: UnknownFrame) -> Result<(), Error> {
         session.send_audio(&pattern(session, 20));
         Ok(())
     }

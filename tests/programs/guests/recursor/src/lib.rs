@@ -8,7 +8,7 @@
 
 use core::hint::black_box;
 
-use voicehost_agent::{export_agent, Agent, Media, Session, UserSaid};
+use voicehost_agent::{export_agent, Agent, Error, Media, Session, UserSaid};
 
 /// The recursor agent.
 #[derive(Default)]
@@ -28,17 +28,17 @@ fn recurse(depth: u64) -> u64 {
 }
 
 impl Agent for Recursor {
-    fn on_session_start(&self, session: &Session) -> Result<(), String> {
+    fn on_session_start(&self, session: &Session) -> Result<(), Error> {
         if session.info().media == Media::Text {
             session.say("Hello from the recursor.")?;
         }
         Ok(())
     }
 
-    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), String> {
+    fn on_user_said(&self, session: &Session, said: UserSaid) -> Result<(), Error> {
         if said.text == "recurse" {
             let depth = recurse(black_box(0));
-            return Err(format!("recursion returned at depth {depth}"));
+            return Err(format!("recursion returned at depth {depth}").into());
         }
         if let Some(text) = said.text.strip_prefix("echo ") {
             session.say(text)?;
