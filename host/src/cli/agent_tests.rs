@@ -11,10 +11,11 @@ use super::local::{
     ANSWER_WAIT, POOL_CALLS, QUIET, SETTLE,
 };
 use super::transcript::{one_line, say};
+use super::wav;
 use crate::sandbox::{Sandbox, TrapKind};
 use crate::stats::{Forced, Stats};
 use anyhow::{bail, Context as _, Result};
-use sentsim::record::Record;
+use sentsim::record::{Record, What};
 use sentsim::{Dir, Kind, SessionSpec};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -93,6 +94,9 @@ enum Media {
 struct Turn {
     /// The caller says this (`user.said`).
     caller: Option<String>,
+    /// Audio calls: the caller speaks this WAV file (any rate, resampled to the call's, played in real
+    /// time; at most [`MAX_TURN_AUDIO`]). Relative to the scenario file's directory.
+    audio: Option<PathBuf>,
     /// The caller corrects their last turn.
     correct: Option<String>,
     /// The caller presses keys (a `user.dtmf` frame, as `voicehost call`'s `/dtmf`).
@@ -122,13 +126,22 @@ struct Expect {
     says_matches: Option<String>,
     /// The agent calls this tool.
     tool: Option<String>,
-    /// The agent sends nothing.
+    /// Audio calls: the agent sends audio.
+    #[serde(default)]
+    sends_audio: bool,
+    /// The agent sends nothing: no speech, no tool call, no audio.
     #[serde(default)]
     silent: bool,
 }
 
 /// How long a dropped connection's call may take to be resumed.
 const RESUME_WAIT: Duration = Duration::from_secs(15);
+
+/// The longest audio a turn's file may hold: a caller's turn, not a call (1.9 MB at 16 kHz).
+const MAX_TURN_AUDIO: Duration = Duration::from_secs(60);
+
+/// The sample rate of an audio scenario's call.
+const AUDIO_RATE: u32 = 16_000;
 
 /// Runs the checks and the scenarios; an error means nothing could be tested (a flag, a file, a
 /// component that cannot serve, a scenario file that does not parse).
@@ -140,7 +153,13 @@ pub async fn test(args: TestArgs) -> Result<Tally> {
             .with_context(|| format!("cannot read {}", path.display()))?;
         let file: ScenarioFile =
             toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
-        for scenario in file.scenario {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        for mut scenario in file.scenario {
+            for turn in &mut scenario.turn {
+                if let Some(audio) = &mut turn.audio {
+                    *audio = dir.join(&*audio);
+                }
+            }
             check_scenario(&scenario).with_context(|| format!("{}", path.display()))?;
             scenarios.push(scenario);
         }
@@ -224,6 +243,7 @@ impl BuiltIn {
 fn action(set: impl FnOnce(&mut Turn)) -> Turn {
     let mut turn = Turn {
         caller: None,
+        audio: None,
         correct: None,
         dtmf: None,
         drop: false,
@@ -276,8 +296,28 @@ fn check_scenario(scenario: &Scenario) -> Result<()> {
         if let Some(Err(why)) = turn.dtmf.as_deref().map(check_keys) {
             bail!("scenario {:?}, turn {}: dtmf: {why}", scenario.name, n + 1);
         }
+        if let Some(path) = &turn.audio {
+            if scenario.media != Media::Audio {
+                bail!(
+                    "scenario {:?}, turn {}: audio needs an audio call (media = \"audio\")",
+                    scenario.name,
+                    n + 1
+                );
+            }
+            // Read now, so that a file that cannot be played is found before any test runs.
+            wav::read(path, AUDIO_RATE, MAX_TURN_AUDIO)
+                .with_context(|| format!("scenario {:?}, turn {}: audio", scenario.name, n + 1))?;
+        }
+        if turn.expect.sends_audio && scenario.media != Media::Audio {
+            bail!(
+                "scenario {:?}, turn {}: sends_audio needs an audio call (media = \"audio\")",
+                scenario.name,
+                n + 1
+            );
+        }
         let actions = [
             turn.caller.is_some(),
+            turn.audio.is_some(),
             turn.correct.is_some(),
             turn.dtmf.is_some(),
             turn.drop,
@@ -289,7 +329,7 @@ fn check_scenario(scenario: &Scenario) -> Result<()> {
         .count();
         if actions != 1 {
             bail!(
-                "scenario {:?}, turn {}: one of caller, correct, dtmf, drop, restart or hangup",
+                "scenario {:?}, turn {}: one of caller, audio, correct, dtmf, drop, restart or hangup",
                 scenario.name,
                 n + 1
             );
@@ -353,6 +393,8 @@ impl Before {
 struct Answer {
     speech: Vec<String>,
     tools: Vec<String>,
+    /// Audio messages.
+    audio: usize,
     ended: Option<String>,
     resumed: bool,
 }
@@ -367,7 +409,9 @@ impl Scenario {
         let call = conn.start(SessionSpec {
             kind: match self.media {
                 Media::Text => Kind::Text,
-                Media::Audio => Kind::Audio { sample_rate: 16000 },
+                Media::Audio => Kind::Audio {
+                    sample_rate: AUDIO_RATE,
+                },
             },
             context: self.context.clone(),
             ..SessionSpec::text()
@@ -379,18 +423,14 @@ impl Scenario {
             call.plan_tool(name, plan);
         }
         if self.media == Media::Audio {
-            // 2 s of a tone, paced as a caller's: the agent must keep up, whatever it answers.
-            let mut pace = tokio::time::interval(Duration::from_millis(20));
-            for n in 0..100u32 {
-                pace.tick().await;
-                let frame: Vec<u8> = (0..320u32)
-                    .flat_map(|i| {
-                        let t = f64::from(n * 320 + i) / 16000.0;
-                        (((t * 440.0 * std::f64::consts::TAU).sin() * 8000.0) as i16).to_le_bytes()
-                    })
-                    .collect();
-                call.send_audio(&frame);
-            }
+            // 2 s of a tone: the agent must keep up, whatever it answers.
+            let tone: Vec<u8> = (0..2 * AUDIO_RATE)
+                .flat_map(|i| {
+                    let t = f64::from(i) / f64::from(AUDIO_RATE);
+                    (((t * 440.0 * std::f64::consts::TAU).sin() * 8000.0) as i16).to_le_bytes()
+                })
+                .collect();
+            play(&call, &tone).await;
         }
         let greeting = listen(local, &call.id, &mut cursor, After::Turn).await;
         if let Some(expect) = &self.greeting {
@@ -404,6 +444,10 @@ impl Scenario {
             let what = if let Some(text) = &turn.caller {
                 call.say(text);
                 format!("turn {} ({text:?})", n + 1)
+            } else if let Some(path) = &turn.audio {
+                let audio = wav::read(path, AUDIO_RATE, MAX_TURN_AUDIO)?;
+                play(&call, &audio).await;
+                format!("turn {} (audio {})", n + 1, path.display())
             } else if let Some(text) = &turn.correct {
                 call.correct(text);
                 format!("turn {} (correct {text:?})", n + 1)
@@ -461,6 +505,17 @@ impl Scenario {
     }
 }
 
+/// The caller speaks `audio` (16-bit little-endian samples at [`AUDIO_RATE`]), paced as a caller's:
+/// 20 ms at a time.
+async fn play(call: &sentsim::Call, audio: &[u8]) {
+    let frame = (AUDIO_RATE / 50 * 2) as usize;
+    let mut pace = tokio::time::interval(Duration::from_millis(20));
+    for chunk in audio.chunks(frame) {
+        pace.tick().await;
+        call.send_audio(chunk);
+    }
+}
+
 /// What the agent answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum After {
@@ -489,7 +544,11 @@ async fn listen(local: &Local, session: &str, cursor: &mut usize, after: After) 
         } else {
             ANSWER_WAIT
         };
-        let mine = |r: &Record| r.session.as_deref() == Some(session) && r.json().is_some();
+        let mine = |r: &Record| {
+            r.session.as_deref() == Some(session)
+                && (r.json().is_some()
+                    || (r.dir == Dir::FromAgent && matches!(r.what, What::Audio { .. })))
+        };
         let Ok(record) = recorder
             .wait_for(*cursor, within, "", |_| false, mine)
             .await
@@ -497,6 +556,11 @@ async fn listen(local: &Local, session: &str, cursor: &mut usize, after: After) 
             return answer;
         };
         *cursor = record.seq + 1;
+        if matches!(record.what, What::Audio { .. }) {
+            heard = true;
+            answer.audio += 1;
+            continue;
+        }
         let json = record.json().cloned().unwrap_or_default();
         match (record.dir, record.frame_type().unwrap_or_default()) {
             (Dir::FromAgent, "agent.say") => {
@@ -549,10 +613,16 @@ impl Expect {
                 );
             }
         }
-        if self.silent && !(answer.speech.is_empty() && answer.tools.is_empty()) {
+        if self.sends_audio && answer.audio == 0 {
+            bail!("expected audio from the agent; it sent none");
+        }
+        if self.silent
+            && !(answer.speech.is_empty() && answer.tools.is_empty() && answer.audio == 0)
+        {
             bail!(
-                "expected silence; the agent said {speech:?} and called {:?}",
-                answer.tools
+                "expected silence; the agent said {speech:?}, called {:?} and sent {} audio message(s)",
+                answer.tools,
+                answer.audio
             );
         }
         Ok(())

@@ -105,7 +105,7 @@ pub async fn call(args: CallArgs) -> Result<Verdict> {
         None => ToolAnswers::default(),
     };
     let audio = match &args.audio {
-        Some(path) => Some(wav::read(path, args.rate, MAX_AUDIO)?),
+        Some(path) => Some(wav::read(path, args.rate, MAX_AUDIO).context("--audio")?),
         None => None,
     };
     if let Some(path) = &args.audio_out {

@@ -14,12 +14,13 @@ const RATES: std::ops::RangeInclusive<u32> = 4000..=384_000;
 /// sample is read; refused when it holds none.
 pub fn read(path: &Path, rate: u32, most: Duration) -> Result<Vec<u8>> {
     let name = path.display();
-    let reader = hound::WavReader::open(path)
-        .with_context(|| format!("--audio {name}: not a WAV file this can read"))?;
+    let file = std::fs::File::open(path).with_context(|| format!("cannot read {name}"))?;
+    let reader = hound::WavReader::new(std::io::BufReader::new(file))
+        .with_context(|| format!("{name}: not a WAV file this can read"))?;
     let spec = reader.spec();
     if !RATES.contains(&spec.sample_rate) {
         bail!(
-            "--audio {name}: a sample rate of {} Hz; a caller's audio is {} to {} Hz",
+            "{name}: a sample rate of {} Hz; a caller's audio is {} to {} Hz",
             spec.sample_rate,
             RATES.start(),
             RATES.end()
@@ -30,12 +31,12 @@ pub fn read(path: &Path, rate: u32, most: Duration) -> Result<Vec<u8>> {
     let seconds = frames as f64 / f64::from(spec.sample_rate);
     if frames > most.as_secs() * u64::from(spec.sample_rate) {
         bail!(
-            "--audio {name}: {seconds:.1} s of audio; a call takes at most {} s",
+            "{name}: {seconds:.1} s of audio; at most {} s is taken here",
             most.as_secs()
         );
     }
     if frames * u64::from(rate) / u64::from(spec.sample_rate) == 0 {
-        bail!("--audio {name}: the file holds no audio ({seconds:.3} s)");
+        bail!("{name}: the file holds no audio ({seconds:.3} s)");
     }
     let mut samples: Box<dyn Iterator<Item = hound::Result<f32>>> = match spec.sample_format {
         hound::SampleFormat::Float => Box::new(reader.into_samples::<f32>()),
@@ -68,7 +69,7 @@ pub fn read(path: &Path, rate: u32, most: Duration) -> Result<Vec<u8>> {
         .flat_map(|s| ((s * 32768.0).round().clamp(-32768.0, 32767.0) as i16).to_le_bytes())
         .collect();
     if let Some(error) = failure {
-        return Err(error).with_context(|| format!("--audio {name}: the file is damaged"));
+        return Err(error).with_context(|| format!("{name}: the file is damaged"));
     }
     Ok(audio)
 }

@@ -137,6 +137,14 @@ fn a_scenario_file_that_cannot_be_read_tests_nothing_and_exits_2() {
                 "code.toml",
                 "[[scenario]]\nname = \"x\"\n[scenario.tools]\nhold = { error = \"Busy\" }\n",
             ),
+            (
+                "text-audio.toml",
+                "[[scenario]]\nname = \"x\"\n[[scenario.turn]]\naudio = \"hello.wav\"\n",
+            ),
+            (
+                "no-wav.toml",
+                "[[scenario]]\nname = \"x\"\nmedia = \"audio\"\n[[scenario.turn]]\naudio = \"nothing.wav\"\n",
+            ),
         ],
     );
     for (file, why) in [
@@ -145,6 +153,8 @@ fn a_scenario_file_that_cannot_be_read_tests_nothing_and_exits_2() {
         ("long.toml", "cannot send this as the caller's turn"),
         ("keys.toml", "dtmf: \"9z\" are not keys"),
         ("code.toml", "is not a protocol error code"),
+        ("text-audio.toml", "audio needs an audio call"),
+        ("no-wav.toml", "cannot read nothing.wav"),
     ] {
         let out = test_in(&dir, &["--agent", "agent.wasm", file]);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -152,4 +162,36 @@ fn a_scenario_file_that_cannot_be_read_tests_nothing_and_exits_2() {
         assert!(stderr.contains(why), "{file}: {stderr}");
         assert!(out.stdout.is_empty() || !String::from_utf8_lossy(&out.stdout).contains("passed"));
     }
+}
+
+#[test]
+fn a_wav_file_is_a_callers_turn_found_beside_its_scenario_file() {
+    let dir = author_dir(
+        "audio",
+        &[(
+            "scenarios.toml",
+            "[[scenario]]\nname = \"echoes what it hears\"\nmedia = \"audio\"\n\
+             [[scenario.turn]]\naudio = \"hello.wav\"\nsends_audio = true\n\n\
+             [[scenario]]\nname = \"keeps quiet\"\nmedia = \"audio\"\n\
+             [[scenario.turn]]\naudio = \"hello.wav\"\nsilent = true\n",
+        )],
+    );
+    // The scenarios live in tests/, beside their WAV file; the run starts from the project's root.
+    std::fs::create_dir_all(dir.join("tests")).unwrap();
+    std::fs::rename(dir.join("scenarios.toml"), dir.join("tests/scenarios.toml")).unwrap();
+    crate::call::stereo_tone(&dir.join("tests/hello.wav"));
+    let out = test_in(&dir, &["--agent", "agent.wasm", "tests/scenarios.toml"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("ok   echoes what it hears"), "{stdout}");
+    assert!(
+        stdout.contains("FAIL keeps quiet: turn 1 (audio tests/hello.wav): expected silence"),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("5 passed, 1 failed\n"), "{stdout}");
 }

@@ -332,7 +332,7 @@ fn empty_wav() -> Vec<u8> {
 }
 
 /// 1 s of a 440 Hz tone, 8 kHz stereo.
-fn stereo_tone(path: &Path) {
+pub fn stereo_tone(path: &Path) {
     let spec = hound::WavSpec {
         channels: 2,
         sample_rate: 8000,
@@ -444,7 +444,7 @@ fn what_cannot_start_a_call_exits_2_saying_why() {
         ),
         (
             vec!["--agent", "agent.wasm", "--audio", "missing.wav"],
-            "--audio missing.wav",
+            "--audio: cannot read missing.wav",
         ),
         (
             vec!["--agent", "agent.wasm", "--context", "[1]"],
