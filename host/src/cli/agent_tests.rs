@@ -10,6 +10,7 @@ use super::local::{
     check_caller_text, check_keys, compile, press_keys, Local, ToolAnswer, ToolAnswers,
     ANSWER_WAIT, POOL_CALLS, QUIET, SETTLE,
 };
+use super::mock_http::{self, HttpMock, MockOrigins};
 use super::transcript::{one_line, say};
 use super::wav;
 use crate::sandbox::{Sandbox, TrapKind};
@@ -22,6 +23,7 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// `voicehost test`'s arguments.
@@ -74,6 +76,9 @@ struct Scenario {
     /// How Sent answers tools, as `voicehost call --tools` takes them.
     #[serde(default)]
     tools: BTreeMap<String, ToolAnswer>,
+    /// Canned answers to the agent's HTTP requests (`wasi:http`), by origin and path.
+    #[serde(default)]
+    http: Vec<HttpMock>,
     /// What the agent says first, before the caller's first turn.
     greeting: Option<Expect>,
     #[serde(default)]
@@ -146,8 +151,9 @@ const AUDIO_RATE: u32 = 16_000;
 /// Runs the checks and the scenarios; an error means nothing could be tested (a flag, a file, a
 /// component that cannot serve, a scenario file that does not parse).
 pub async fn test(args: TestArgs) -> Result<Tally> {
-    let rules = args.limits.rules()?;
+    let mut rules = args.limits.rules()?;
     let mut scenarios = Vec::new();
+    let mut mocked = Vec::new();
     for path in &args.scenarios {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
@@ -161,21 +167,30 @@ pub async fn test(args: TestArgs) -> Result<Tally> {
                 }
             }
             check_scenario(&scenario).with_context(|| format!("{}", path.display()))?;
+            let origins = mock_http::check(&scenario.http)
+                .with_context(|| format!("{}: scenario {:?}", path.display(), scenario.name))?;
+            for origin in origins {
+                if !mocked.contains(&origin) {
+                    mocked.push(origin);
+                }
+            }
             scenarios.push(scenario);
         }
     }
+    let mocks = MockOrigins::start(&mocked).await?;
+    rules.limits.http = Arc::new(mocks.policy(&rules.limits.http));
     let sandbox = Sandbox::for_calls(POOL_CALLS)?;
     let code = compile(&sandbox, &args.agent, &rules)?;
     let local = Local::start(&args.agent_id, code, rules).await?;
     let mut results = Vec::new();
     for check in BUILT_IN {
         let started = Instant::now();
-        let outcome = check.scenario().run(&local).await;
+        let outcome = check.scenario().run(&local, &mocks).await;
         results.push(report(check.name, started, outcome));
     }
     for scenario in &scenarios {
         let started = Instant::now();
-        let outcome = scenario.run(&local).await;
+        let outcome = scenario.run(&local, &mocks).await;
         results.push(report(&scenario.name, started, outcome));
     }
     let violations = local.stop().await;
@@ -234,6 +249,7 @@ impl BuiltIn {
             media: self.media,
             context: None,
             tools: BTreeMap::new(),
+            http: Vec::new(),
             greeting: None,
             turn: (self.turns)(),
         }
@@ -400,7 +416,14 @@ struct Answer {
 }
 
 impl Scenario {
-    async fn run(&self, local: &Local) -> Result<()> {
+    /// Plays the scenario; then what its HTTP mocks saw must hold too.
+    async fn run(&self, local: &Local, mocks: &MockOrigins) -> Result<()> {
+        mocks.set(&self.http)?;
+        self.play(local).await?;
+        mocks.report().context("HTTP")
+    }
+
+    async fn play(&self, local: &Local) -> Result<()> {
         let before = Before::of(&local.stats);
         let conn = local.connection().await?;
         let mut cursor = local.sim.recorder().len();

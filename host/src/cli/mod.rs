@@ -256,6 +256,7 @@ mod check;
 mod client;
 mod limits;
 mod local;
+mod mock_http;
 mod new;
 mod render;
 mod transcript;

@@ -27,6 +27,7 @@ use hyper::http::{self, HeaderMap, Method, StatusCode};
 use rustls::pki_types::ServerName;
 use std::fmt;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -104,6 +105,10 @@ pub struct HttpPolicy {
     pub max_response_bytes: u64,
     /// The tenant's places for name lookups, shared by every call under this policy.
     pub lookups: egress::Lookups,
+    /// Allowed origins answered by a stand-in on this machine instead: `voicehost test`'s mocked origins.
+    /// A request to one connects to the address given, in plain HTTP whatever its scheme; all else (the
+    /// timeouts, the cap, the slots, the CPU charged) is as for any request. No config sets these.
+    pub stand_ins: Vec<(Origin, SocketAddr)>,
 }
 
 /// The longest [`HttpPolicy::timeout`] a config may set: a request waited on longer holds its call's
@@ -123,6 +128,7 @@ impl Default for HttpPolicy {
             timeout: limits::HTTP_TIMEOUT,
             max_response_bytes: limits::HTTP_MAX_RESPONSE_BYTES,
             lookups: egress::Lookups::default(),
+            stand_ins: Vec::new(),
         }
     }
 }
@@ -144,6 +150,15 @@ impl HttpPolicy {
         self.allow
             .iter()
             .any(|o| o.scheme == scheme && o.port == port && o.host == host)
+    }
+
+    /// The address of the stand-in answering `scheme://host:port`, if one does.
+    fn stand_in(&self, scheme: Scheme, host: &str, port: u16) -> Option<SocketAddr> {
+        let host = normalize_host(host).ok()?;
+        self.stand_ins
+            .iter()
+            .find(|(o, _)| o.scheme == scheme && o.port == port && o.host == host)
+            .map(|(_, address)| *address)
     }
 
     /// Which addresses a request to an allowed `scheme://host:port` may connect to: any, for an IP
@@ -426,11 +441,13 @@ impl PolicyHooks {
                 .log(host, port, "its origin is not on the allowlist");
             return Err(Error::HttpRequestDenied);
         }
+        let stand_in = self.policy.stand_in(scheme, host, port);
         Ok(Target {
-            tls: scheme == Scheme::Https,
+            tls: scheme == Scheme::Https && stand_in.is_none(),
             host: host.to_string(),
             port,
             reach: self.policy.reach(scheme, host, port),
+            stand_in,
         })
     }
 }
@@ -442,6 +459,8 @@ struct Target {
     host: String,
     port: u16,
     reach: Reach,
+    /// Where the request goes instead, in plain HTTP ([`HttpPolicy::stand_ins`]).
+    stand_in: Option<SocketAddr>,
 }
 
 /// A place among [`MAX_OPEN_REQUESTS`], given back when dropped.
@@ -537,15 +556,25 @@ async fn send(
                        [tenants.http] allow_private)";
             refusals.log(&target.host, target.port, why);
         };
-        let stream = egress::connect(
-            &target.host,
-            target.port,
-            target.reach,
-            &lookups,
-            connected_by,
-            refused,
-        )
-        .await?;
+        let stream = match target.stand_in {
+            Some(address) => {
+                tokio::time::timeout_at(connected_by, tokio::net::TcpStream::connect(address))
+                    .await
+                    .map_err(|_| Error::ConnectionTimeout)?
+                    .map_err(Error::Connect)?
+            }
+            None => {
+                egress::connect(
+                    &target.host,
+                    target.port,
+                    target.reach,
+                    &lookups,
+                    connected_by,
+                    refused,
+                )
+                .await?
+            }
+        };
         let (response, io) =
             exchange(request, stream, &target, connected_by, first_byte, cpu).await?;
         let bodiless = head

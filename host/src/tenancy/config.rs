@@ -663,6 +663,7 @@ impl HttpConfig {
             timeout,
             max_response_bytes,
             lookups: Default::default(),
+            stand_ins: Vec::new(),
         })
     }
 }

@@ -195,3 +195,64 @@ fn a_wav_file_is_a_callers_turn_found_beside_its_scenario_file() {
     );
     assert!(stdout.ends_with("5 passed, 1 failed\n"), "{stdout}");
 }
+
+#[test]
+fn mocked_origins_answer_the_agents_http_requests_and_a_request_none_answers_fails() {
+    let llm = voicehost_testkit::guest("llm");
+    let shipped = std::fs::read(repo().join("examples/llm/tests/scenarios.toml")).unwrap();
+    let wrong = "[[scenario]]\nname = \"asks where no mock answers\"\n\
+                 context = { llm_url = \"https://llm.example.com/v2/other\" }\n\
+                 [[scenario.http]]\nurl = \"https://llm.example.com/v1/reply\"\njson = { reply = \"hi\" }\n\
+                 [[scenario.turn]]\ncaller = \"hello\"\n\n\
+                 [[scenario]]\nname = \"asks fewer times than expected\"\n\
+                 context = { llm_url = \"https://llm.example.com/v1/reply\" }\n\
+                 [[scenario.http]]\nurl = \"https://llm.example.com/v1/reply\"\njson = { reply = \"hi\" }\ntimes = 2\n\
+                 [[scenario.turn]]\ncaller = \"hello\"\nsays = \"hi\"\n\n\
+                 [[scenario]]\nname = \"asks with another body\"\n\
+                 context = { llm_url = \"https://llm.example.com/v1/reply\" }\n\
+                 [[scenario.http]]\nurl = \"https://llm.example.com/v1/reply\"\n\
+                 request_contains = \"weather\"\njson = { reply = \"hi\" }\n\
+                 [[scenario.turn]]\ncaller = \"hello\"\n";
+    let dir = voicehost_testkit::author_dir(
+        "agent-test-http",
+        &[
+            ("llm.wasm", &llm),
+            ("scenarios.toml", &shipped),
+            ("wrong.toml", wrong.as_bytes()),
+            (
+                "bad.toml",
+                b"[[scenario]]\nname = \"x\"\n[[scenario.http]]\nurl = \"ftp://llm.example.com/\"\n",
+            ),
+        ],
+    );
+    let out = test_in(&dir, &["--agent", "llm.wasm", "scenarios.toml"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("ok   says the model's reply"), "{stdout}");
+    assert!(stdout.ends_with("7 passed, 0 failed\n"), "{stdout}");
+
+    let out = test_in(&dir, &["--agent", "llm.wasm", "wrong.toml"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    for failure in [
+        "FAIL asks where no mock answers: HTTP: no mock answers POST https://llm.example.com/v2/other (each got 501)",
+        "FAIL asks fewer times than expected: HTTP: the mock of https://llm.example.com/v1/reply (any method) was to answer 2 request(s); it answered 1",
+        "FAIL asks with another body: HTTP: no mock answers POST https://llm.example.com/v1/reply",
+    ] {
+        assert!(stdout.contains(failure), "{failure}\n{stdout}");
+    }
+    assert!(stdout.ends_with("4 passed, 3 failed\n"), "{stdout}");
+
+    let out = test_in(&dir, &["--agent", "llm.wasm", "bad.toml"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("http mock 1: url \"ftp://llm.example.com/\""),
+        "{stderr}"
+    );
+}
