@@ -529,10 +529,12 @@ impl Scenario {
 }
 
 /// The caller speaks `audio` (16-bit little-endian samples at [`AUDIO_RATE`]), paced as a caller's:
-/// 20 ms at a time.
+/// 20 ms at a time, never faster. (A stall of this process, which runs the host too, is not made up for
+/// with a burst: a caller cannot speak faster than real time, and the check is whether the agent keeps up.)
 async fn play(call: &sentsim::Call, audio: &[u8]) {
     let frame = (AUDIO_RATE / 50 * 2) as usize;
     let mut pace = tokio::time::interval(Duration::from_millis(20));
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for chunk in audio.chunks(frame) {
         pace.tick().await;
         call.send_audio(chunk);
