@@ -146,8 +146,8 @@ fn start(command: Command) -> Result<()> {
     if matches!(command, Command::Call(_)) {
         cli::init_call_log();
     } else if matches!(command, Command::Test(_)) {
-        // Its report is stdout's; the host's warnings (a trap, a failed handler) go to stderr.
-        voicehost::logging::init("warn");
+        // Its report is stdout's, and says what failed; the host's own log only with RUST_LOG.
+        voicehost::logging::init("off");
     } else {
         voicehost::logging::init(voicehost::logging::DEFAULT);
     }
@@ -174,13 +174,22 @@ fn start(command: Command) -> Result<()> {
                     2
                 }
             };
-            runtime.shutdown_timeout(EXIT_GRACE);
+            // Everything is done (the host stopped, the audio written): what is left is a read of a
+            // terminal's stdin, which only a keypress would end. Not waited for.
+            runtime.shutdown_background();
             std::process::exit(code);
         }
         Command::Serve { config } => runtime.block_on(serve(&config)),
         Command::Agents(args) => runtime.block_on(cli::run(args)),
         Command::Token(command) => cli::token(command),
-        Command::New(args) => cli::new(args),
+        Command::New(args) => {
+            // A name the language refuses is a wrong argument, as clap's are: 2.
+            if let Some(why) = cli::refused_name(&args.name, args.lang) {
+                eprintln!("voicehost: {why}");
+                std::process::exit(2);
+            }
+            cli::new(args)
+        }
         Command::Run(args) => runtime.block_on(run(args)),
         Command::Check(args) => {
             match runtime.block_on(cli::check(args, PathBuf::from("/proc/self/exe"))) {

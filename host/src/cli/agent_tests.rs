@@ -7,8 +7,8 @@
 
 use super::limits::RunLimits;
 use super::local::{
-    check_caller_text, check_keys, compile, press_keys, Local, ToolAnswer, ToolAnswers,
-    ANSWER_WAIT, POOL_CALLS, QUIET, SETTLE,
+    check_caller_text, check_keys, check_output, compile, press_keys, read_text, Local, ToolAnswer,
+    ToolAnswers, ANSWER_WAIT, POOL_CALLS, QUIET, SETTLE,
 };
 use super::mock_http::{self, HttpMock, MockOrigins};
 use super::transcript::{one_line, say};
@@ -71,7 +71,8 @@ struct Scenario {
     /// `text` (the default) or `audio` (16 kHz).
     #[serde(default)]
     media: Media,
-    /// `session.start`'s `context`.
+    /// `session.start`'s `context` (a date as its text; at most 4 KB as JSON, as Sent sends it).
+    #[serde(default, deserialize_with = "super::local::context_from_toml")]
     context: Option<Map<String, Value>>,
     /// How Sent answers tools, as `voicehost call --tools` takes them.
     #[serde(default)]
@@ -131,12 +132,10 @@ struct Expect {
     says_matches: Option<String>,
     /// The agent calls this tool.
     tool: Option<String>,
-    /// Audio calls: the agent sends audio.
-    #[serde(default)]
-    sends_audio: bool,
-    /// The agent sends nothing: no speech, no tool call, no audio.
-    #[serde(default)]
-    silent: bool,
+    /// Audio calls: the agent sends audio (`true`), or none (`false`).
+    sends_audio: Option<bool>,
+    /// The agent sends nothing: no speech, no tool call, no audio (`true`); or something (`false`).
+    silent: Option<bool>,
 }
 
 /// How long a dropped connection's call may take to be resumed.
@@ -155,8 +154,7 @@ pub async fn test(args: TestArgs) -> Result<Tally> {
     let mut scenarios = Vec::new();
     let mut mocked = Vec::new();
     for path in &args.scenarios {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let text = read_text(path)?;
         let file: ScenarioFile =
             toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
         let dir = path.parent().unwrap_or(Path::new("."));
@@ -176,6 +174,11 @@ pub async fn test(args: TestArgs) -> Result<Tally> {
             }
             scenarios.push(scenario);
         }
+    }
+    if let Some(junit) = &args.junit {
+        let mut inputs: Vec<&Path> = vec![&args.agent];
+        inputs.extend(args.scenarios.iter().map(PathBuf::as_path));
+        check_output("--junit", junit, &inputs)?;
     }
     let mocks = MockOrigins::start(&mocked).await?;
     rules.limits.http = Arc::new(mocks.policy(&rules.limits.http));
@@ -224,9 +227,11 @@ struct TestResult {
 fn report(name: &str, started: Instant, outcome: Result<()>) -> TestResult {
     let took = started.elapsed();
     let failure = outcome.err().map(|e| one_line(&format!("{e:#}")));
+    // One line per test, whatever the name holds.
+    let shown = one_line(name);
     match &failure {
-        None => say(&format!("ok   {name} ({} ms)", took.as_millis())),
-        Some(why) => say(&format!("FAIL {name}: {why}")),
+        None => say(&format!("ok   {shown} ({} ms)", took.as_millis())),
+        Some(why) => say(&format!("FAIL {shown}: {why}")),
     }
     TestResult {
         name: name.to_string(),
@@ -324,7 +329,7 @@ fn check_scenario(scenario: &Scenario) -> Result<()> {
             wav::read(path, AUDIO_RATE, MAX_TURN_AUDIO)
                 .with_context(|| format!("scenario {:?}, turn {}: audio", scenario.name, n + 1))?;
         }
-        if turn.expect.sends_audio && scenario.media != Media::Audio {
+        if turn.expect.sends_audio.is_some() && scenario.media != Media::Audio {
             bail!(
                 "scenario {:?}, turn {}: sends_audio needs an audio call (media = \"audio\")",
                 scenario.name,
@@ -418,6 +423,14 @@ struct Answer {
 impl Scenario {
     /// Plays the scenario; then what its HTTP mocks saw must hold too.
     async fn run(&self, local: &Local, mocks: &MockOrigins) -> Result<()> {
+        // Each test is a call of its own: an earlier one's (a handler still running past its end) is
+        // gone before this one starts, and nothing it does is counted here.
+        if !local.settled_within(local.drain_bound()).await {
+            bail!(
+                "an earlier test's call was still being served {:?} after it ended",
+                local.drain_bound()
+            );
+        }
         mocks.set(&self.http)?;
         self.play(local).await?;
         mocks.report().context("HTTP")
@@ -455,7 +468,24 @@ impl Scenario {
                 .collect();
             play(&call, &tone).await;
         }
-        let greeting = listen(local, &call.id, &mut cursor, After::Turn).await;
+        let played = self.converse(local, &call, &mut cursor, &before).await;
+        if played.is_err() {
+            // A failed test hangs up its call (a no-op when it has ended), so that it ends here.
+            call.end("caller_hung_up");
+            local.settled().await;
+        }
+        played
+    }
+
+    /// The greeting and the turns, on `call`; then the call ends and the host must let it go.
+    async fn converse(
+        &self,
+        local: &Local,
+        call: &sentsim::Call,
+        cursor: &mut usize,
+        before: &Before,
+    ) -> Result<()> {
+        let greeting = listen(local, &call.id, cursor, After::Turn).await;
         if let Some(expect) = &self.greeting {
             expect.check(&greeting).context("the greeting")?;
         }
@@ -469,22 +499,22 @@ impl Scenario {
                 format!("turn {} ({text:?})", n + 1)
             } else if let Some(path) = &turn.audio {
                 let audio = wav::read(path, AUDIO_RATE, MAX_TURN_AUDIO)?;
-                play(&call, &audio).await;
+                play(call, &audio).await;
                 format!("turn {} (audio {})", n + 1, path.display())
             } else if let Some(text) = &turn.correct {
                 call.correct(text);
                 format!("turn {} (correct {text:?})", n + 1)
             } else if let Some(digits) = &turn.dtmf {
-                press_keys(&call, digits);
+                press_keys(call, digits);
                 format!("turn {} (dtmf {digits:?})", n + 1)
             } else if turn.drop {
-                if local.drop_connection(&call).is_none() {
+                if local.drop_connection(call).is_none() {
                     bail!("turn {}: the call is on no connection to drop", n + 1);
                 }
                 format!("turn {} (drop)", n + 1)
             } else if turn.restart {
                 let restarts = local.stats.restarts.get();
-                if local.restart(&call) != Forced::Asked {
+                if local.restart(call) != Forced::Asked {
                     bail!("turn {}: the call has no instance to restart", n + 1);
                 }
                 // The answer to a restart is what the fresh instance sends from its on-restart on.
@@ -504,7 +534,7 @@ impl Scenario {
             } else {
                 After::Turn
             };
-            let answer = listen(local, &call.id, &mut cursor, after).await;
+            let answer = listen(local, &call.id, cursor, after).await;
             if turn.drop && !answer.resumed {
                 bail!("{what}: the call was not resumed within {RESUME_WAIT:?}");
             }
@@ -514,9 +544,7 @@ impl Scenario {
         }
         if ended.is_none() {
             call.end("caller_hung_up");
-            ended = listen(local, &call.id, &mut cursor, After::Turn)
-                .await
-                .ended;
+            ended = listen(local, &call.id, cursor, After::Turn).await.ended;
         }
         if ended.is_none() {
             bail!("Sent's session.end did not reach the agent");
@@ -638,17 +666,23 @@ impl Expect {
                 );
             }
         }
-        if self.sends_audio && answer.audio == 0 {
-            bail!("expected audio from the agent; it sent none");
+        match self.sends_audio {
+            Some(true) if answer.audio == 0 => bail!("expected audio from the agent; it sent none"),
+            Some(false) if answer.audio > 0 => bail!(
+                "expected no audio from the agent; it sent {} audio message(s)",
+                answer.audio
+            ),
+            _ => {}
         }
-        if self.silent
-            && !(answer.speech.is_empty() && answer.tools.is_empty() && answer.audio == 0)
-        {
-            bail!(
+        let quiet = answer.speech.is_empty() && answer.tools.is_empty() && answer.audio == 0;
+        match self.silent {
+            Some(true) if !quiet => bail!(
                 "expected silence; the agent said {speech:?}, called {:?} and sent {} audio message(s)",
                 answer.tools,
                 answer.audio
-            );
+            ),
+            Some(false) if quiet => bail!("expected an answer; the agent sent nothing"),
+            _ => {}
         }
         Ok(())
     }
@@ -699,9 +733,11 @@ fn escape(text: &str) -> String {
             '<' => "&lt;".to_string(),
             '>' => "&gt;".to_string(),
             '"' => "&quot;".to_string(),
-            // XML 1.0 allows no other control character, not even as a reference.
+            // XML 1.0 allows no other control character (nor U+FFFE, U+FFFF), not even as a reference.
             '\t' | '\n' | '\r' => format!("&#{};", c as u32),
-            c if c.is_control() => c.escape_unicode().to_string(),
+            c if c.is_control() || matches!(c, '\u{FFFE}' | '\u{FFFF}') => {
+                c.escape_unicode().to_string()
+            }
             c => c.to_string(),
         })
         .collect()
@@ -719,6 +755,26 @@ mod tests {
         .unwrap();
         let error = check_scenario(&file.scenario[0]).unwrap_err().to_string();
         assert!(error.contains("turn 1: one of"), "{error}");
+    }
+
+    #[test]
+    fn silent_false_needs_an_answer_and_sends_audio_false_needs_none() {
+        let nothing = Answer::default();
+        let expect = |set: fn(&mut Expect)| {
+            let mut expect = Expect::default();
+            set(&mut expect);
+            expect
+        };
+        assert!(expect(|e| e.silent = Some(false)).check(&nothing).is_err());
+        assert!(expect(|e| e.silent = Some(true)).check(&nothing).is_ok());
+        let audio = Answer {
+            audio: 3,
+            ..Answer::default()
+        };
+        assert!(expect(|e| e.sends_audio = Some(false))
+            .check(&audio)
+            .is_err());
+        assert!(expect(|e| e.silent = Some(false)).check(&audio).is_ok());
     }
 
     #[test]

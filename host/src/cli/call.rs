@@ -6,8 +6,8 @@
 
 use super::limits::RunLimits;
 use super::local::{
-    check_caller_text, check_keys, check_party, compile, press_keys, Local, ToolAnswers,
-    ANSWER_WAIT, POOL_CALLS, QUIET,
+    check_caller_text, check_context, check_keys, check_output, check_party, compile, press_keys,
+    Local, ToolAnswers, ANSWER_WAIT, POOL_CALLS, QUIET,
 };
 use super::transcript::{one_line, say};
 use super::wav;
@@ -109,9 +109,12 @@ pub async fn call(args: CallArgs) -> Result<Verdict> {
         None => None,
     };
     if let Some(path) = &args.audio_out {
-        // Found now, not after the call: a file that cannot be written.
-        wav::write(path, args.rate, &[])
-            .with_context(|| format!("--audio-out: cannot write {}", path.display()))?;
+        // Found now, not after the call (a file that cannot be written, or an input it would replace);
+        // nothing is written before the call has been made.
+        let mut inputs: Vec<&Path> = vec![&args.agent];
+        inputs.extend(args.audio.as_deref());
+        inputs.extend(args.tools.as_deref());
+        check_output("--audio-out", path, &inputs)?;
     }
     let sandbox = Sandbox::for_calls(POOL_CALLS)?;
     let code = compile(&sandbox, &args.agent, &rules)?;
@@ -446,6 +449,7 @@ impl Conversation {
                     }
                 }
                 _ = interrupted.wait_for(|pressed| *pressed), if !self.hung_up => {
+                    say("(interrupted: the caller hangs up; Ctrl-C again exits at once)");
                     input.ended = true;
                     self.hang_up();
                 }
@@ -736,7 +740,10 @@ fn sample_rate(arg: &str) -> Result<u32, String> {
 
 fn context(arg: &str) -> Result<Map<String, Value>, String> {
     match serde_json::from_str(arg) {
-        Ok(Value::Object(map)) => Ok(map),
+        Ok(Value::Object(map)) => {
+            check_context(&map)?;
+            Ok(map)
+        }
         Ok(_) => Err("a JSON object, e.g. '{\"order\":\"A-17\"}'".into()),
         Err(error) => Err(format!("not JSON: {error}")),
     }

@@ -49,6 +49,9 @@ impl RunLimits {
         limits
             .check()
             .map_err(|e| anyhow!("--{} {}", e.key.replace('_', "-"), e.problem))?;
+        if self.max_traps == 0 {
+            return Err(anyhow!("--max-traps 0: at least 1 (the first trap counts)"));
+        }
         Ok(CallRules {
             limits: Limits::of(
                 &limits,

@@ -43,6 +43,8 @@ pub struct Local {
     pub deploy: watch::Sender<Arc<Deployment>>,
     stop: watch::Sender<bool>,
     serving: tokio::task::JoinHandle<Result<(), agent::ConnectError>>,
+    /// How long one handler call may take (`wall_ms`): a call can outlive its end by as much.
+    wall: Duration,
 }
 
 impl Local {
@@ -56,6 +58,7 @@ impl Local {
             ..SimConfig::default()
         })
         .await?;
+        let wall = rules.limits.wall_per_call;
         let (deploy, deployment) = watch::channel(Arc::new(Deployment {
             version: 1,
             code,
@@ -78,6 +81,7 @@ impl Local {
             deploy,
             stop,
             serving,
+            wall,
         })
     }
 
@@ -101,14 +105,25 @@ impl Local {
 
     /// Waits (at most [`SETTLE`]) until the host serves no call; whether it got there.
     pub async fn settled(&self) -> bool {
+        self.settled_within(SETTLE).await
+    }
+
+    /// Waits (at most `within`) until the host serves no call; whether it got there.
+    pub async fn settled_within(&self, within: Duration) -> bool {
         let started = Instant::now();
         while self.stats.live_count() > 0 {
-            if started.elapsed() >= SETTLE {
+            if started.elapsed() >= within {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         true
+    }
+
+    /// How long a call may still be served after it ended: a handler running to its wall-clock bound,
+    /// then [`SETTLE`].
+    pub fn drain_bound(&self) -> Duration {
+        self.wall + SETTLE
     }
 
     /// The connection `call` is on drops without a close; which one it was, or `None` when the call is
@@ -189,10 +204,164 @@ pub fn check_party(party: &Party) -> Result<(), String> {
         .map_err(|e| format!("not a party Sent sends: {e}"))
 }
 
+/// The largest scenario or tool-answer file read (a hand-written TOML file).
+pub const MAX_TEXT_FILE: u64 = 4 << 20;
+
+/// The file at `path`, refused past `most` bytes before more is read (`/dev/zero` is a file too).
+pub fn read_capped(path: &Path, most: u64) -> Result<Vec<u8>> {
+    use std::io::Read as _;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(most + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if bytes.len() as u64 > most {
+        bail!(
+            "{} is larger than the {} MiB taken here",
+            path.display(),
+            most >> 20
+        );
+    }
+    Ok(bytes)
+}
+
+/// A text file at `path` of at most [`MAX_TEXT_FILE`] bytes.
+pub fn read_text(path: &Path) -> Result<String> {
+    String::from_utf8(read_capped(path, MAX_TEXT_FILE)?)
+        .with_context(|| format!("{} is not UTF-8 text", path.display()))
+}
+
+/// Whether `output` can be written at the end of a run, found before it starts and without changing
+/// anything: it must not be one of `inputs` (the agent, a scenario or audio file), and its directory must
+/// take it. An existing file is opened for writing but not truncated; a missing one is created and removed.
+pub fn check_output(flag: &str, output: &Path, inputs: &[&Path]) -> Result<()> {
+    let same = |input: &Path| match (output.canonicalize(), input.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if let Some(input) = inputs.iter().find(|input| same(input)) {
+        bail!(
+            "{flag} {} is the input {}: it would be overwritten",
+            output.display(),
+            input.display()
+        );
+    }
+    let cannot = || format!("{flag}: cannot write {}", output.display());
+    if output.is_dir() {
+        bail!("{flag}: {} is a directory", output.display());
+    }
+    if output.exists() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(output)
+            .with_context(cannot)?;
+    } else {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(output)
+            .with_context(cannot)?;
+        std::fs::remove_file(output).with_context(cannot)?;
+    }
+    Ok(())
+}
+
+/// A scenario's or `--context`'s context as Sent would send it: a JSON object of at most 4 KB
+/// (protocol.md, `session.start`), which the official codec encodes.
+pub fn check_context(context: &Map<String, Value>) -> Result<(), String> {
+    let json = Value::Object(context.clone()).to_string();
+    if json.len() > MAX_CONTEXT {
+        return Err(format!(
+            "the context is {} bytes as JSON; Sent passes at most {MAX_CONTEXT}",
+            json.len()
+        ));
+    }
+    let frame = Frame::SessionStart(SessionStart {
+        session_id: "vs_check".into(),
+        call_id: "call_check".into(),
+        agent_id: "agent_check".into(),
+        direction: "inbound".into(),
+        from: Party {
+            kind: "number".into(),
+            value: Some("+14155550100".into()),
+        },
+        to: Party {
+            kind: "agent".into(),
+            value: Some("agent_check".into()),
+        },
+        session_type: "text".into(),
+        language: None,
+        audio: None,
+        max_duration_ms: None,
+        context: Some(context.clone()),
+        resume: None,
+        started_at: "2026-12-04T00:00:00Z".into(),
+    });
+    frames::encode(&frame)
+        .map(drop)
+        .map_err(|e| format!("not a context Sent sends: {e}"))
+}
+
+/// The most `session.start`'s `context` holds, as JSON (protocol.md: "at most 4 KB as JSON").
+const MAX_CONTEXT: usize = 4096;
+
+/// A TOML value as JSON: a date or time as its text (RFC 3339), a float that JSON cannot hold
+/// (NaN, infinity) refused.
+pub fn toml_to_json(value: toml::Value) -> Result<Value, String> {
+    Ok(match value {
+        toml::Value::String(text) => Value::String(text),
+        toml::Value::Integer(n) => Value::from(n),
+        toml::Value::Float(x) => serde_json::Number::from_f64(x)
+            .map(Value::Number)
+            .ok_or_else(|| format!("{x} is not a number JSON can hold"))?,
+        toml::Value::Boolean(b) => Value::Bool(b),
+        toml::Value::Datetime(when) => Value::String(when.to_string()),
+        toml::Value::Array(items) => Value::Array(
+            items
+                .into_iter()
+                .map(toml_to_json)
+                .collect::<Result<_, _>>()?,
+        ),
+        toml::Value::Table(table) => Value::Object(
+            table
+                .into_iter()
+                .map(|(key, value)| Ok((key, toml_to_json(value)?)))
+                .collect::<Result<_, String>>()?,
+        ),
+    })
+}
+
+/// Deserializes a TOML table as a `context` (through [`toml_to_json`] and [`check_context`]).
+pub fn context_from_toml<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Map<String, Value>>, D::Error> {
+    let Some(table) = Option::<toml::Table>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    let Value::Object(context) =
+        toml_to_json(toml::Value::Table(table)).map_err(serde::de::Error::custom)?
+    else {
+        unreachable!("a table is an object");
+    };
+    check_context(&context).map_err(serde::de::Error::custom)?;
+    Ok(Some(context))
+}
+
+/// Deserializes any TOML value as JSON (through [`toml_to_json`]).
+pub fn json_from_toml<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Value>, D::Error> {
+    Option::<toml::Value>::deserialize(deserializer)?
+        .map(toml_to_json)
+        .transpose()
+        .map_err(serde::de::Error::custom)
+}
+
 /// Reads and compiles the component at `path`, and says so; refused when no instance of it could start
 /// under `rules`.
 pub fn compile(sandbox: &Sandbox, path: &Path, rules: &CallRules) -> Result<AgentCode> {
-    let wasm = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let wasm = read_capped(path, crate::sandbox::limits::DEFAULTS.component_bytes())?;
     let started = Instant::now();
     let code = sandbox
         .load(&wasm)
@@ -232,8 +401,7 @@ pub enum ToolAnswer {
 impl ToolAnswers {
     /// Reads `--tools`' file.
     pub fn read(path: &Path) -> Result<ToolAnswers> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--tools: cannot read {}", path.display()))?;
+        let text = read_text(path).context("--tools")?;
         let answers: ToolAnswers =
             toml::from_str(&text).with_context(|| format!("--tools {}", path.display()))?;
         answers
@@ -288,6 +456,18 @@ fn is_code(code: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_toml_date_reaches_the_agent_as_its_text_and_nan_is_refused() {
+        let table: toml::Value =
+            toml::from_str("when = 1979-05-27T07:32:00Z\nday = 1979-05-27\nn = 1.5\n").unwrap();
+        assert_eq!(
+            toml_to_json(table).unwrap(),
+            serde_json::json!({"when": "1979-05-27T07:32:00Z", "day": "1979-05-27", "n": 1.5})
+        );
+        let nan: toml::Value = toml::from_str("x = nan").unwrap();
+        assert!(toml_to_json(nan).is_err());
+    }
 
     #[test]
     fn tool_answers_read_ok_errors_and_refusals() {

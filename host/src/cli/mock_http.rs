@@ -48,8 +48,9 @@ pub struct HttpMock {
     pub headers: BTreeMap<String, String>,
     /// The answer's body, as text.
     pub body: Option<String>,
-    /// The answer's body as JSON (from TOML), with `content-type: application/json` unless a header
-    /// says otherwise.
+    /// The answer's body as JSON (from TOML: a date as its text), with `content-type: application/json`
+    /// unless a header says otherwise.
+    #[serde(default, deserialize_with = "super::local::json_from_toml")]
     pub json: Option<serde_json::Value>,
     /// How long it waits before answering, in milliseconds (at most 60 s).
     #[serde(default)]

@@ -268,7 +268,7 @@ pub use check::{check, CheckArgs, Refused};
 use client::*;
 pub use client::{Body, Client};
 pub use limits::RunLimits;
-pub use new::{new, Lang, NewArgs};
+pub use new::{new, refused_name, Lang, NewArgs};
 pub use render::agents_table;
 use render::*;
 pub use transcript::init as init_call_log;

@@ -78,8 +78,23 @@ pub fn new(args: NewArgs) -> Result<()> {
         );
     }
     let files = project(&args.name, args.lang);
-    write(&root, &files)
-        .with_context(|| format!("cannot write the project to {}", root.display()))?;
+    // Written beside it first, then renamed: a failure (a full disk) leaves nothing half-made in its
+    // place.
+    let partial = args
+        .dir
+        .join(format!(".{}.partial-{}", args.name, std::process::id()));
+    let written = write(&partial, &files).and_then(|()| {
+        if root.exists() {
+            // An empty directory, which a rename cannot replace.
+            std::fs::remove_dir(&root)?;
+        }
+        Ok(std::fs::rename(&partial, &root)?)
+    });
+    if let Err(error) = written {
+        let _ = std::fs::remove_dir_all(&partial);
+        return Err(error)
+            .with_context(|| format!("cannot write the project to {}", root.display()));
+    }
     say(&format!(
         "made {} ({} files), a {} agent that starts as the example agent",
         root.display(),
@@ -88,10 +103,24 @@ pub fn new(args: NewArgs) -> Result<()> {
     ));
     say(&format!(
         "next: cd {} && ./build.sh && voicehost test --agent target/agent.wasm tests/scenarios.toml",
-        root.display()
+        shell_quoted(&root.display().to_string())
     ));
     say("then: voicehost call --agent target/agent.wasm (its README says more)");
     Ok(())
+}
+
+/// `text` as one word of a POSIX shell: as it is when it holds nothing the shell reads, else in single
+/// quotes.
+fn shell_quoted(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+,:@%".contains(c));
+    if plain {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
 }
 
 /// Writes `files` under `root`, which does not exist or is empty.
@@ -394,10 +423,21 @@ fn project_name(arg: &str) -> Result<String, String> {
                 .into(),
         );
     }
-    if RESERVED.contains(&arg) {
-        return Err(format!("{arg} is a name Rust keeps for itself"));
-    }
     Ok(arg.to_string())
+}
+
+/// Why `name` cannot name a project in `lang`, if it cannot: a Rust package may not take a keyword, the
+/// name of one of Rust's own crates, or the SDK's (`sdk/` is in the project's workspace).
+pub fn refused_name(name: &str, lang: Lang) -> Option<String> {
+    match lang {
+        Lang::Rust if RESERVED.contains(&name) => {
+            Some(format!("{name} is a name Rust keeps for itself"))
+        }
+        Lang::Rust if name == "voicehost-agent" => Some(format!(
+            "{name} is the guest SDK's name, which the project carries in sdk/"
+        )),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -407,8 +447,12 @@ mod tests {
     #[test]
     fn a_name_is_a_directory_and_a_package_name() {
         assert!(project_name("support-desk").is_ok());
-        for bad in ["", "Desk", "1desk", "desk-", "de/sk", "../desk", "test"] {
+        for bad in ["", "Desk", "1desk", "desk-", "de/sk", "../desk"] {
             assert!(project_name(bad).is_err(), "{bad:?}");
+        }
+        for rust_only in ["test", "voicehost-agent"] {
+            assert!(refused_name(rust_only, Lang::Rust).is_some(), "{rust_only}");
+            assert!(refused_name(rust_only, Lang::Js).is_none(), "{rust_only}");
         }
     }
 
@@ -462,6 +506,13 @@ mod tests {
         on_disk.sort();
         carried.sort();
         assert_eq!(carried, on_disk);
+    }
+
+    #[test]
+    fn a_path_the_shell_would_split_is_quoted() {
+        assert_eq!(shell_quoted("./desk"), "./desk");
+        assert_eq!(shell_quoted("sp ace/desk"), "'sp ace/desk'");
+        assert_eq!(shell_quoted("it's"), "'it'\\''s'");
     }
 
     #[test]

@@ -117,6 +117,10 @@ fn a_scenario_file_that_cannot_be_read_tests_nothing_and_exits_2() {
         "[[scenario]]\nname = \"x\"\n[[scenario.turn]]\ncaller = \"{}\"\n",
         "x".repeat(4097)
     );
+    let big_context = format!(
+        "[[scenario]]\nname = \"x\"\ncontext = {{ notes = \"{}\" }}\n",
+        "x".repeat(5000)
+    );
     let dir = author_dir(
         "broken",
         &[
@@ -141,6 +145,11 @@ fn a_scenario_file_that_cannot_be_read_tests_nothing_and_exits_2() {
                 "text-audio.toml",
                 "[[scenario]]\nname = \"x\"\n[[scenario.turn]]\naudio = \"hello.wav\"\n",
             ),
+            ("big-context.toml", big_context.as_str()),
+            (
+                "nan.toml",
+                "[[scenario]]\nname = \"x\"\ncontext = { ratio = nan }\n",
+            ),
             (
                 "no-wav.toml",
                 "[[scenario]]\nname = \"x\"\nmedia = \"audio\"\n[[scenario.turn]]\naudio = \"nothing.wav\"\n",
@@ -155,6 +164,9 @@ fn a_scenario_file_that_cannot_be_read_tests_nothing_and_exits_2() {
         ("code.toml", "is not a protocol error code"),
         ("text-audio.toml", "audio needs an audio call"),
         ("no-wav.toml", "cannot read nothing.wav"),
+        ("big-context.toml", "Sent passes at most 4096"),
+        ("nan.toml", "NaN is not a number JSON can hold"),
+        ("/dev/zero", "larger than"),
     ] {
         let out = test_in(&dir, &["--agent", "agent.wasm", file]);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -255,4 +267,57 @@ fn mocked_origins_answer_the_agents_http_requests_and_a_request_none_answers_fai
         stderr.contains("http mock 1: url \"ftp://llm.example.com/\""),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_failed_scenario_hangs_up_its_call_and_the_next_ones_run_on_their_own() {
+    let dir = author_dir(
+        "isolated",
+        &[(
+            "scenarios.toml",
+            "[[scenario]]\nname = \"wrong\"\n[[scenario.turn]]\ncaller = \"echo hi\"\nsays = \"WRONG\"\n\n\
+             [[scenario]]\nname = \"wrong again\"\ngreeting = { says = \"WRONG\" }\n\n\
+             [[scenario]]\nname = \"right 1\"\n[[scenario.turn]]\ncaller = \"echo hi\"\nsays = \"hi\"\n\n\
+             [[scenario]]\nname = \"right 2\"\n[[scenario.turn]]\ncaller = \"echo hi\"\nsays = \"hi\"\n\
+             silent = false\n",
+        )],
+    );
+    let out = test_in(&dir, &["--agent", "agent.wasm", "scenarios.toml"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("ok   right 1"), "{stdout}");
+    assert!(stdout.contains("ok   right 2"), "{stdout}");
+    assert!(stdout.ends_with("6 passed, 2 failed\n"), "{stdout}");
+}
+
+#[test]
+fn junit_is_never_written_over_an_input_and_a_path_it_cannot_take_is_said_before_any_test() {
+    let dir = author_dir(
+        "junit-paths",
+        &[(
+            "scenarios.toml",
+            "[[scenario]]\nname = \"x\"\n[[scenario.turn]]\ncaller = \"echo hi\"\n",
+        )],
+    );
+    for (junit, why) in [
+        ("scenarios.toml", "is the input scenarios.toml"),
+        ("agent.wasm", "is the input agent.wasm"),
+        ("no/such/dir/report.xml", "--junit: cannot write"),
+        (".", "is a directory"),
+    ] {
+        let out = test_in(
+            &dir,
+            &["--agent", "agent.wasm", "scenarios.toml", "--junit", junit],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{junit}: {stderr}");
+        assert!(stderr.contains(why), "{junit}: {stderr}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("passed"),
+            "{junit}: nothing is tested"
+        );
+    }
+    assert!(std::fs::read_to_string(dir.join("scenarios.toml"))
+        .unwrap()
+        .starts_with("[[scenario]]"));
 }

@@ -420,6 +420,7 @@ fn watch_gives_the_next_call_the_new_build_and_keeps_the_last_good_one() {
 
 #[test]
 fn what_cannot_start_a_call_exits_2_saying_why() {
+    let big_context = format!("{{\"notes\":\"{}\"}}", "x".repeat(5000));
     let dir = author_dir(
         "refused",
         &[
@@ -430,6 +431,7 @@ fn what_cannot_start_a_call_exits_2_saying_why() {
                 "answers.toml",
                 b"[tools]\nhold = { error = \"Not A Code\" }\n",
             ),
+            ("precious.txt", b"precious"),
         ],
     );
     for (args, why) in [
@@ -475,9 +477,34 @@ fn what_cannot_start_a_call_exits_2_saying_why() {
             vec!["--agent", "agent.wasm", "--memory-mib", "1"],
             "initial memory",
         ),
+        (
+            vec![
+                "--agent",
+                "agent.wasm",
+                "--memory-mib",
+                "1",
+                "--audio-out",
+                "precious.txt",
+            ],
+            "initial memory",
+        ),
+        (
+            vec!["--agent", "agent.wasm", "--audio-out", "agent.wasm"],
+            "is the input agent.wasm",
+        ),
+        (vec!["--agent", "/dev/zero"], "larger than"),
+        (
+            vec!["--agent", "agent.wasm", "--context", &big_context],
+            "Sent passes at most 4096",
+        ),
     ] {
         let (_, code, stderr) = call_with(&dir, &args, &[]);
         assert!(stderr.contains(why), "{args:?}: {stderr}");
         assert_eq!(code, Some(2), "{args:?}: {stderr}");
     }
+    // A call that could not start wrote nothing: not over the file named for the agent's audio either.
+    assert_eq!(
+        std::fs::read(dir.join("precious.txt")).unwrap(),
+        b"precious"
+    );
 }

@@ -64,8 +64,11 @@ fn a_project_is_never_written_over_and_a_bad_name_is_refused() {
         1,
         "nothing written"
     );
-    for name in ["Desk", "../desk", "test"] {
+    for name in ["Desk", "../desk", "test", "voicehost-agent"] {
         let out = new_in(&dir, &[name]);
         assert_eq!(out.status.code(), Some(2), "{name}: {out:?}");
     }
+    // Rust's own names are Rust's: a JavaScript agent may be called `test`.
+    let out = new_in(&dir, &["test", "--lang", "js"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
