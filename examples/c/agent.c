@@ -94,8 +94,10 @@ static agent_string_t concat(const char *prefix, agent_string_t s) {
 
 /* ---- host calls ------------------------------------------------------------------------------------- */
 
-static void log_message(voicehost_agent_log_level_t level, agent_string_t message) {
-    voicehost_agent_log_log(level, &message);
+/* Logs through wasi:logging, with no context. */
+static void log_message(wasi_logging_logging_level_t level, agent_string_t message) {
+    agent_string_t context = borrowed("");
+    wasi_logging_logging_log(level, &context, &message);
 }
 
 static const char *refused_name(refused_t refused) {
@@ -114,7 +116,7 @@ static const char *refused_name(refused_t refused) {
 static bool go_on(bool ok, refused_t refused) {
     if (ok) return true;
     if (refused == VOICEHOST_AGENT_TYPES_REFUSED_ENDED) return false;
-    log_message(VOICEHOST_AGENT_LOG_LEVEL_WARN, borrowed(refused_name(refused)));
+    log_message(WASI_LOGGING_LOGGING_LEVEL_WARN, borrowed(refused_name(refused)));
     return true;
 }
 
@@ -233,7 +235,7 @@ static bool run_command(agent_string_t text) {
         return result;
     }
     if (equals(command, "panic")) {
-        log_message(VOICEHOST_AGENT_LOG_LEVEL_ERROR, borrowed("asked to panic"));
+        log_message(WASI_LOGGING_LOGGING_LEVEL_ERROR, borrowed("asked to panic"));
         abort(); /* a trap: the host replaces the instance */
     }
     return true; /* any other text: nothing */
@@ -246,10 +248,10 @@ static bool run_command(agent_string_t text) {
 
 bool exports_voicehost_agent_handler_on_session_start(agent_string_t *err) {
     (void)err;
-    voicehost_agent_session_call_t call;
+    voicehost_agent_session_call_info_t call;
     voicehost_agent_session_info(&call);
     if (call.media.tag == VOICEHOST_AGENT_TYPES_MEDIA_TEXT) say(borrowed(GREETING), NULL);
-    voicehost_agent_session_call_free(&call);
+    voicehost_agent_session_call_info_free(&call);
     return true;
 }
 
@@ -272,8 +274,8 @@ bool exports_voicehost_agent_handler_on_audio(agent_list_s16_t *samples, agent_s
 bool exports_voicehost_agent_handler_on_tool_result(exports_voicehost_agent_handler_tool_result_t *answer,
                                                      agent_string_t *err) {
     (void)err;
-    if (!answer->ok && answer->error.is_some) {
-        agent_string_t message = concat("Tool failed: ", answer->error.val.code);
+    if (answer->outcome.is_err) {
+        agent_string_t message = concat("Tool failed: ", answer->outcome.val.err.code);
         say(message, NULL);
         agent_string_free(&message);
     }
@@ -300,11 +302,14 @@ bool exports_voicehost_agent_handler_on_session_lost(agent_string_t *err) {
     return true;
 }
 
-bool exports_voicehost_agent_handler_on_restart(agent_string_t *reason, agent_string_t *err) {
+bool exports_voicehost_agent_handler_on_restart(exports_voicehost_agent_handler_restart_reason_t reason,
+                                                agent_string_t *err) {
     (void)err;
-    agent_string_t message = concat("restarted after: ", *reason);
-    log_message(VOICEHOST_AGENT_LOG_LEVEL_INFO, message);
+    static const char *const names[] = {"panic", "cpu-deadline", "wall-deadline", "memory", "host-memory",
+                                         "stack-overflow", "host-resources", "other", "forced"};
+    const char *name = reason < sizeof names / sizeof names[0] ? names[reason] : "unknown";
+    agent_string_t message = concat("restarted after: ", borrowed(name));
+    log_message(WASI_LOGGING_LOGGING_LEVEL_INFO, message);
     agent_string_free(&message);
-    agent_string_free(reason);
     return true;
 }

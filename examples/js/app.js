@@ -16,7 +16,7 @@
 // | "count"                             | say "utterances: N" (the saved counter, see below)              |
 // | "panic"                             | the instance traps                                              |
 // | any other text                      | nothing                                                         |
-// | tool result, `ok` false, an `error` | say "Tool failed: <error.code>"                                 |
+// | tool result, `outcome` an `err`     | say "Tool failed: <error.code>"                                 |
 // | audio                               | send the same samples back (echo)                               |
 //
 // The command is the text up to the first space. If an action is refused with `ended`, the agent stops
@@ -26,8 +26,8 @@
 // its command runs, so "panic" and "count" count too); "count" reads it back with `load`. Saved state
 // survives a restart, so "echo a", "panic", "count" says "utterances: 3" from the fresh instance.
 
-import * as session from 'voicehost:agent/session@0.1.0';
-import { log } from 'voicehost:agent/log@0.1.0';
+import * as session from 'voicehost:agent/session@0.2.0';
+import * as logging from 'wasi:logging/logging@0.1.0-draft';
 
 /** What the conformance agent says first in a text call. */
 const GREETING = 'Hello from the conformance agent.';
@@ -36,6 +36,11 @@ const GREETING = 'Hello from the conformance agent.';
 const COUNTER_KEY = 'utterances';
 
 // ----- small helpers over the `session` import (worth copying into any agent) -----
+
+/** Logs `message` at `level` ('trace' … 'critical') through wasi:logging, with no context. */
+function log(level, message) {
+  logging.log(level, '', message);
+}
 
 /** The `refused` enum of agent.wit: why the host did not do what the agent asked. */
 const REFUSALS = new Set(['ended', 'invalid', 'wrong-media', 'over-limit', 'timed-out']);
@@ -154,8 +159,9 @@ export const handler = {
   },
 
   onToolResult(answer) {
-    if (!answer.ok && answer.error != null) {
-      step(() => say(`Tool failed: ${answer.error.code}`));
+    // A WIT `result` in a record: { tag: 'ok' } or { tag: 'err', val: tool-error }.
+    if (answer.outcome.tag === 'err') {
+      step(() => say(`Tool failed: ${answer.outcome.val.code}`));
     }
   },
 
@@ -166,6 +172,7 @@ export const handler = {
   onSessionLost() {},
 
   onRestart(reason) {
+    // A `restart-reason` case: 'panic', 'cpu-deadline', 'memory', …
     log('info', `restarted after: ${reason}`);
   },
 };

@@ -44,7 +44,8 @@ if [[ "$variant" != quickjs ]]; then
 fi
 if [[ "$variant" != starlingmonkey ]]; then
     # --sync: voicehost's wasmtime has no component-model-async, which the default QuickJS runtime needs.
-    "$bin/componentize-qjs" --wit "$wit" --js app.js --world agent --sync \
+    # agent-without-http: componentize-qjs 0.4.5 cannot initialise a world that imports wasi:http.
+    "$bin/componentize-qjs" --wit "$wit" --js app.js --world agent-without-http --sync \
         --output "$out/$name-qjs.wasm.tmp" > /dev/null
     mv "$out/$name-qjs.wasm.tmp" "$out/$name-qjs.wasm"
     echo "wrote $out/$name-qjs.wasm ($(wc -c < "$out/$name-qjs.wasm") bytes)"

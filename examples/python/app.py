@@ -15,7 +15,7 @@ It mirrors the Rust agent in examples/conformance, including the commands voiceh
 | "count"                              | say "utterances: N" (the saved counter, see below)                       |
 | "panic"                              | raise an unexpected exception: the instance traps                        |
 | any other text                       | nothing                                                                  |
-| tool result with `ok` false + error  | say "Tool failed: <error.code>"                                          |
+| tool result whose `outcome` is `Err` | say "Tool failed: <error.code>"                                          |
 | audio                                | send the same samples back (echo)                                        |
 
 The command is the text up to the first space. If an action is refused with `ENDED`, the agent stops
@@ -37,15 +37,23 @@ from typing import Callable, TypeVar
 
 from componentize_py_types import Err
 from wit_world import exports
-from wit_world.imports import log, session
-from wit_world.imports.types import (
+from wit_world.imports import logging, session
+# The world has three `types` interfaces (ours, wasi:http's, wasi:filesystem's): componentize-py names
+# each after its package.
+from wit_world.imports.voicehost_agent_types import (
     Media_Text,
     Refused,
+    RestartReason,
     SessionEnd,
     ToolResult,
     UnknownFrame,
     UserSaid,
 )
+
+def log(level: logging.Level, message: str) -> None:
+    """Logs `message` at `level` through wasi:logging, with no context."""
+    logging.log(level, "", message)
+
 
 GREETING = "Hello from the conformance agent."
 """What the conformance agent says first in a text call."""
@@ -67,7 +75,7 @@ def attempt(action: Callable[..., T], *args: object) -> T | None:
     except Err as refused:
         if refused.value == Refused.ENDED:
             raise CallEnded() from None
-        log.log(log.Level.WARN, f"refused: {refused.value.name.lower().replace('_', '-')}")
+        log(logging.Level.WARN, f"refused: {refused.value.name.lower().replace('_', '-')}")
         return None
 
 
@@ -143,9 +151,10 @@ class Handler(exports.Handler):
         session.send_audio(samples)
 
     def on_tool_result(self, answer: ToolResult) -> None:
-        if not answer.ok and answer.error is not None:
+        # A WIT `result` in a record: `Ok(None)`, or `Err(ToolError)`.
+        if isinstance(answer.outcome, Err):
             try:
-                say(f"Tool failed: {answer.error.code}")
+                say(f"Tool failed: {answer.outcome.value.code}")
             except CallEnded:
                 pass
 
@@ -158,5 +167,5 @@ class Handler(exports.Handler):
     def on_session_lost(self) -> None:
         pass
 
-    def on_restart(self, reason: str) -> None:
-        log.log(log.Level.INFO, f"restarted after: {reason}")
+    def on_restart(self, reason: RestartReason) -> None:
+        log(logging.Level.INFO, f"restarted after: {reason.name.lower().replace('_', '-')}")

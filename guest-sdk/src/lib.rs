@@ -42,7 +42,9 @@
 //! ```no_run
 //! use std::cell::Cell;
 //!
-//! use voicehost_agent::{export_agent, log, Agent, Error, Media, Session, ToolResult, UserSaid};
+//! use voicehost_agent::{
+//!     export_agent, log, Agent, Error, Media, RestartReason, Session, ToolResult, UserSaid,
+//! };
 //!
 //! /// One value per call: the host creates it when the call's instance starts.
 //! #[derive(Default)]
@@ -66,7 +68,7 @@
 //!             session.say("Putting you through.")?;
 //!             // Waits for Sent's answer; a successful transfer ends the call.
 //!             let result = session.transfer_number("+14155550100")?;
-//!             if !result.ok {
+//!             if result.outcome.is_err() {
 //!                 session.say("Sorry, nobody is available.")?;
 //!             }
 //!         } else if said.text.contains("bye") {
@@ -87,13 +89,13 @@
 //!     }
 //!
 //!     fn on_tool_result(&self, _session: &Session, result: ToolResult) -> Result<(), Error> {
-//!         log::debug(&format!("tool {} ok={}", result.call_ref, result.ok));
+//!         log::debug(&format!("tool {}: {:?}", result.call_ref, result.outcome));
 //!         Ok(())
 //!     }
 //!
-//!     fn on_restart(&self, session: &Session, reason: String) -> Result<(), Error> {
+//!     fn on_restart(&self, session: &Session, reason: RestartReason) -> Result<(), Error> {
 //!         // A fresh instance took over after a trap: fields start anew, saved state is still there.
-//!         log::warn!("restarted after: {reason}");
+//!         log::warn!("restarted after: {reason:?}");
 //!         if let Some(turns) = session.load("turns") {
 //!             log::info!("had {} bytes of saved state", turns.len());
 //!         }
@@ -144,6 +146,40 @@ pub mod bindings {
         default_bindings_module: "::voicehost_agent::bindings",
         runtime_path: "::voicehost_agent::__private::wit_bindgen::rt",
         additional_derives: [PartialEq, Eq],
+        // The world includes WASI and `wasi:http`: their bindings are the `wasip2` crate's (re-exported
+        // as `voicehost_agent::wasip2`), so an agent's own WASI calls and the SDK share types.
+        with: {
+            "wasi:cli/environment@0.2.12": ::voicehost_agent::wasip2::cli::environment,
+            "wasi:cli/exit@0.2.12": ::voicehost_agent::wasip2::cli::exit,
+            "wasi:cli/stdin@0.2.12": ::voicehost_agent::wasip2::cli::stdin,
+            "wasi:cli/stdout@0.2.12": ::voicehost_agent::wasip2::cli::stdout,
+            "wasi:cli/stderr@0.2.12": ::voicehost_agent::wasip2::cli::stderr,
+            "wasi:cli/terminal-input@0.2.12": ::voicehost_agent::wasip2::cli::terminal_input,
+            "wasi:cli/terminal-output@0.2.12": ::voicehost_agent::wasip2::cli::terminal_output,
+            "wasi:cli/terminal-stdin@0.2.12": ::voicehost_agent::wasip2::cli::terminal_stdin,
+            "wasi:cli/terminal-stdout@0.2.12": ::voicehost_agent::wasip2::cli::terminal_stdout,
+            "wasi:cli/terminal-stderr@0.2.12": ::voicehost_agent::wasip2::cli::terminal_stderr,
+            "wasi:clocks/monotonic-clock@0.2.12": ::voicehost_agent::wasip2::clocks::monotonic_clock,
+            "wasi:clocks/wall-clock@0.2.12": ::voicehost_agent::wasip2::clocks::wall_clock,
+            "wasi:filesystem/types@0.2.12": ::voicehost_agent::wasip2::filesystem::types,
+            "wasi:filesystem/preopens@0.2.12": ::voicehost_agent::wasip2::filesystem::preopens,
+            "wasi:io/error@0.2.12": ::voicehost_agent::wasip2::io::error,
+            "wasi:io/poll@0.2.12": ::voicehost_agent::wasip2::io::poll,
+            "wasi:io/streams@0.2.12": ::voicehost_agent::wasip2::io::streams,
+            "wasi:random/random@0.2.12": ::voicehost_agent::wasip2::random::random,
+            "wasi:random/insecure@0.2.12": ::voicehost_agent::wasip2::random::insecure,
+            "wasi:random/insecure-seed@0.2.12": ::voicehost_agent::wasip2::random::insecure_seed,
+            "wasi:sockets/network@0.2.12": ::voicehost_agent::wasip2::sockets::network,
+            "wasi:sockets/instance-network@0.2.12": ::voicehost_agent::wasip2::sockets::instance_network,
+            "wasi:sockets/udp@0.2.12": ::voicehost_agent::wasip2::sockets::udp,
+            "wasi:sockets/udp-create-socket@0.2.12": ::voicehost_agent::wasip2::sockets::udp_create_socket,
+            "wasi:sockets/tcp@0.2.12": ::voicehost_agent::wasip2::sockets::tcp,
+            "wasi:sockets/tcp-create-socket@0.2.12": ::voicehost_agent::wasip2::sockets::tcp_create_socket,
+            "wasi:sockets/ip-name-lookup@0.2.12": ::voicehost_agent::wasip2::sockets::ip_name_lookup,
+            "wasi:http/types@0.2.12": ::voicehost_agent::wasip2::http::types,
+            "wasi:http/outgoing-handler@0.2.12": ::voicehost_agent::wasip2::http::outgoing_handler,
+            "wasi:logging/logging@0.1.0-draft": generate,
+        },
     });
 }
 
@@ -154,14 +190,18 @@ mod session;
 pub mod testing;
 
 pub use bindings::voicehost::agent::types::{
-    Call, Direction, Media, Party, Refused, SessionEnd, ToolError, ToolResult, UnknownFrame,
-    UserSaid,
+    CallInfo, Direction, Media, Party, Refused, RestartReason, SessionEnd, ToolError, ToolResult,
+    UnknownFrame, UserSaid,
 };
 pub use error::Error;
 pub use session::Session;
 
 /// `serde_json`, re-exported for building [`Session::tool`] arguments (`serde_json::json!`).
 pub use serde_json;
+
+/// The `wasip2` crate: bindings of WASI 0.2 and `wasi:http` (`wasip2::http::outgoing_handler`), which the
+/// world includes; its version is the world's WASI (0.2.12).
+pub use wasip2;
 
 /// What an agent does on its call. voicehost calls these one at a time, in the order Sent's frames
 /// arrived, each with the [`Session`] of the instance's call.
@@ -187,7 +227,7 @@ pub trait Agent: 'static {
         Ok(())
     }
 
-    /// Audio calls: the caller's audio, 16-bit mono PCM at the call's sample rate ([`Call::media`]),
+    /// Audio calls: the caller's audio, 16-bit mono PCM at the call's sample rate ([`CallInfo::media`]),
     /// usually 20 ms.
     fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), Error> {
         let _ = (session, samples);
@@ -222,9 +262,26 @@ pub trait Agent: 'static {
 
     /// The instance before this one trapped (`reason` says how) and this fresh one takes over the call.
     /// This value's fields start anew; state kept with [`Session::save`] is still there.
-    fn on_restart(&self, session: &Session, reason: String) -> Result<(), Error> {
+    fn on_restart(&self, session: &Session, reason: RestartReason) -> Result<(), Error> {
         let _ = (session, reason);
         Ok(())
+    }
+}
+
+impl RestartReason {
+    /// The reason as the WIT names it: `panic`, `cpu-deadline`, `forced`, ….
+    pub fn name(self) -> &'static str {
+        match self {
+            RestartReason::Panic => "panic",
+            RestartReason::CpuDeadline => "cpu-deadline",
+            RestartReason::WallDeadline => "wall-deadline",
+            RestartReason::Memory => "memory",
+            RestartReason::HostMemory => "host-memory",
+            RestartReason::StackOverflow => "stack-overflow",
+            RestartReason::HostResources => "host-resources",
+            RestartReason::Other => "other",
+            RestartReason::Forced => "forced",
+        }
     }
 }
 
@@ -367,7 +424,7 @@ macro_rules! export_agent {
                         .map_err(|e| ::std::string::ToString::to_string(&e))
                 }
                 fn on_restart(
-                    reason: ::std::string::String,
+                    reason: $crate::RestartReason,
                 ) -> ::core::result::Result<(), ::std::string::String> {
                     __with_agent(|a, s| $crate::Agent::on_restart(a, s, reason))
                         .map_err(|e| ::std::string::ToString::to_string(&e))

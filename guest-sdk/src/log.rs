@@ -10,12 +10,12 @@
 //! log::warn!("{n} retries");
 //! ```
 
-use crate::bindings::voicehost::agent::log as imports;
-pub use crate::bindings::voicehost::agent::log::Level;
+use crate::bindings::wasi::logging::logging as imports;
+pub use crate::bindings::wasi::logging::logging::Level;
 
-/// Log `message` at `level`.
+/// Log `message` at `level` (through `wasi:logging`, with no context).
 pub fn log(level: Level, message: &str) {
-    crate::session::host!(double => double.log(level, message), imports::log(level, message))
+    crate::session::host!(double => double.log(level, message), imports::log(level, "", message))
 }
 
 /// Log `message` at [`Level::Trace`].

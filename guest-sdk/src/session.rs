@@ -3,7 +3,7 @@
 use serde_json::{Map, Value};
 
 use crate::bindings::voicehost::agent::session as imports;
-use crate::{Call, Party, Refused, ToolResult};
+use crate::{CallInfo, Party, Refused, ToolResult};
 
 /// The host's import `$import`, or what this thread's test double answers (`$test`, with the double as
 /// `$double`) while a [`TestCall`](crate::testing::TestCall) lives (feature `testing`).
@@ -34,7 +34,7 @@ impl Session {
     }
 
     /// The call, as it started: ids, direction, parties, media, language, context.
-    pub fn info(&self) -> Call {
+    pub fn info(&self) -> CallInfo {
         host!(double => double.info(), imports::info())
     }
 

@@ -30,7 +30,7 @@
 use crate::log::Level;
 use crate::Session;
 use crate::{
-    Agent, Call, Direction, Error, Media, Party, Refused, SessionEnd, ToolError, ToolResult,
+    Agent, CallInfo, Direction, Error, Media, Party, Refused, SessionEnd, ToolError, ToolResult,
     UserSaid,
 };
 use serde_json::Value;
@@ -83,7 +83,7 @@ pub enum ToolAnswer {
 
 #[derive(Debug)]
 struct State {
-    info: Call,
+    info: CallInfo,
     speech: Vec<Speech>,
     clears: usize,
     audio: Vec<i16>,
@@ -113,7 +113,7 @@ impl TestCall {
     }
 
     /// A call as `info` describes it (what [`Session::info`] returns).
-    pub fn with_info(info: Call) -> TestCall {
+    pub fn with_info(info: CallInfo) -> TestCall {
         let state = Rc::new(RefCell::new(State {
             info,
             speech: Vec::new(),
@@ -229,8 +229,8 @@ impl Drop for TestCall {
     }
 }
 
-fn call_info(media: Media) -> Call {
-    Call {
+fn call_info(media: Media) -> CallInfo {
+    CallInfo {
         session_id: "vs_test".into(),
         call_id: "call_test".into(),
         agent_id: "agent_test".into(),
@@ -255,7 +255,7 @@ pub(crate) fn current() -> Option<Double> {
 pub(crate) struct Double(Rc<RefCell<State>>);
 
 impl Double {
-    pub(crate) fn info(&self) -> Call {
+    pub(crate) fn info(&self) -> CallInfo {
         self.0.borrow().info.clone()
     }
 
@@ -316,14 +316,12 @@ impl Double {
                 }
                 ToolResult {
                     call_ref,
-                    ok: true,
-                    error: None,
+                    outcome: Ok(()),
                 }
             }
             ToolAnswer::Failed(code, message) => ToolResult {
                 call_ref,
-                ok: false,
-                error: Some(ToolError { code, message }),
+                outcome: Err(ToolError { code, message }),
             },
             ToolAnswer::Refused(refused) => return Err(refused),
         };

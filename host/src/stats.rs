@@ -150,6 +150,8 @@ pub struct Stats {
     traps: [Counter; TrapKind::ALL.len()],
     /// Fresh instances that got `on-restart` after a trap.
     pub restarts: Counter,
+    /// Calls served by a component of a deprecated world (`voicehost:agent@0.1.0`, through its adapter).
+    pub deprecated_world_calls: Counter,
     /// Calls given their failure policy (once per call at most).
     pub policies_applied: Counter,
     /// Calls over a session cap: given the failure policy at once, never a guest.

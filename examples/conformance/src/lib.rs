@@ -25,7 +25,8 @@
 //! survives a restart, so "echo a", "panic", "count" says "utterances: 3" from the fresh instance.
 
 use voicehost_agent::{
-    export_agent, log, Agent, Error, Media, Party, Refused, Session, ToolResult, UserSaid,
+    export_agent, log, Agent, Error, Media, Party, Refused, RestartReason, Session, ToolResult,
+    UserSaid,
 };
 
 /// What the conformance agent says first in a text call.
@@ -107,16 +108,19 @@ impl Agent for Conformance {
     }
 
     fn on_tool_result(&self, session: &Session, result: ToolResult) -> Result<(), Error> {
-        if !result.ok {
-            if let Some(error) = result.error {
-                let _ = step(session.say(&format!("Tool failed: {}", error.code)));
-            }
+        if let Err(error) = result.outcome {
+            let _ = step(session.say(&format!("Tool failed: {}", error.code)));
         }
         Ok(())
     }
 
     fn on_audio(&self, session: &Session, samples: Vec<i16>) -> Result<(), Error> {
         session.send_audio(&samples);
+        Ok(())
+    }
+
+    fn on_restart(&self, _session: &Session, reason: RestartReason) -> Result<(), Error> {
+        log::info!("restarted after: {}", reason.name());
         Ok(())
     }
 }

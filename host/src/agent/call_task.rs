@@ -7,7 +7,7 @@ use super::admission::{Permit, Refusal};
 use super::{Agent, Deployment, FailurePolicy};
 use crate::sandbox::limits;
 use crate::sandbox::wit::{self, CallInfo, Direction, Level, Party};
-use crate::sandbox::{Event, GuestImports, Instance, Limits, Outcome, TrapKind};
+use crate::sandbox::{Event, GuestImports, Instance, Limits, Outcome, TrapKind, World};
 use crate::stats::{ForceTrap, LiveSession, Stats};
 use sentdm_voice_agents::frames::{AgentClear, AgentSay, SessionStart};
 use serde_json::Value;
@@ -221,7 +221,8 @@ impl GuestImports for CallImports {
             Level::Debug => tracing::debug!(session, guest = message),
             Level::Info => tracing::info!(session, guest = message),
             Level::Warn => tracing::warn!(session, guest = message),
-            Level::Error => tracing::error!(session, guest = message),
+            // `critical` is `wasi:logging`'s; the host's log has no level above error.
+            Level::Error | Level::Critical => tracing::error!(session, guest = message),
         }
     }
 }
@@ -363,6 +364,9 @@ pub(super) async fn run(
         state_bytes: deployment.rules.state_bytes,
         stats,
     });
+    if deployment.code.world().is_some_and(World::deprecated) {
+        task.agent.stats.deprecated_world_calls.inc();
+    }
     match Instance::new(&deployment.code, imports, deployment.rules.limits.clone()).await {
         Ok(instance) => task.serve(instance).await,
         Err(unmade) => {
@@ -453,7 +457,7 @@ impl Task {
             return AfterTrap::Nothing;
         }
         self.agent.stats.restarts.inc();
-        AfterTrap::Restart(Event::Restart(restart_reason(kind)))
+        AfterTrap::Restart(Event::Restart(kind.into()))
     }
 
     async fn serve(&self, mut instance: Instance) {
@@ -535,8 +539,4 @@ impl Task {
             }
         }
     }
-}
-
-fn restart_reason(kind: TrapKind) -> String {
-    kind.as_str().to_string()
 }

@@ -39,7 +39,7 @@ enum Read {
 
 use Read::{Counter as C, Gauge as G};
 
-const SERIES: [AgentSeries; 21] = [
+const SERIES: [AgentSeries; 22] = [
     (
         "sessions_started",
         "Calls Sent started with the agent.",
@@ -69,6 +69,11 @@ const SERIES: [AgentSeries; 21] = [
         "restarts",
         "Fresh instances after a trap.",
         C(|s| &s.restarts),
+    ),
+    (
+        "deprecated_world_calls",
+        "Calls served by a component built against a deprecated world (voicehost:agent@0.1.0): rebuild it against 0.2.0.",
+        C(|s| &s.deprecated_world_calls),
     ),
     (
         "handler_errors",

@@ -386,6 +386,8 @@ fn version_view(version: &VersionRecord, active: bool) -> VersionView {
         digest: version.digest.to_string(),
         size_bytes: version.size_bytes,
         uploaded_at: version.uploaded_at,
+        world: version.world,
+        deprecated: version.world.deprecated(),
         active,
     }
 }

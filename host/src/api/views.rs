@@ -8,6 +8,7 @@
 //! lenient where a newer host may add to it (unknown fields are ignored), except for the request bodies
 //! the host reads, which refuse what they do not know.
 
+use crate::sandbox::World;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use voicehost_proto::call::FailurePolicy;
@@ -24,9 +25,11 @@ pub use crate::tenancy::AgentStatus;
     "live_sessions": 3,
     "versions": [
         {"version": 1, "digest": "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
-         "size_bytes": 1843201, "uploaded_at": 1767225600, "active": false},
+         "size_bytes": 1843201, "uploaded_at": 1767225600,
+         "world": "voicehost:agent@0.1.0", "deprecated": true, "active": false},
         {"version": 2, "digest": "sha256:60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752",
-         "size_bytes": 1851904, "uploaded_at": 1767312000, "active": true}
+         "size_bytes": 1851904, "uploaded_at": 1767312000,
+         "world": "voicehost:agent@0.2.0", "deprecated": false, "active": true}
     ]
 }))]
 pub struct AgentView {
@@ -53,7 +56,8 @@ pub struct AgentView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[schema(as = Version, example = json!({
     "version": 3, "digest": "sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae",
-    "size_bytes": 1851904, "uploaded_at": 1767398400, "active": false
+    "size_bytes": 1851904, "uploaded_at": 1767398400, "world": "voicehost:agent@0.2.0",
+    "deprecated": false, "active": false
 }))]
 pub struct VersionView {
     /// From 1, one more for each upload; a number is never given again, even after its version is deleted.
@@ -67,6 +71,13 @@ pub struct VersionView {
     pub size_bytes: u64,
     /// When it was uploaded, in Unix seconds (UTC).
     pub uploaded_at: u64,
+    /// The version of the `voicehost:agent` world it was built against (0.1.0 from a host that did not
+    /// say).
+    #[serde(default = "World::recorded_before_0_2")]
+    pub world: World,
+    /// Whether that world is deprecated (0.1.0): it is served, but should be rebuilt against 0.2.0.
+    #[serde(default)]
+    pub deprecated: bool,
     /// Whether it is the agent's active version.
     pub active: bool,
 }
@@ -356,6 +367,8 @@ mod tests {
             digest: format!("sha256:{}", "ab".repeat(32)),
             size_bytes: 1843201,
             uploaded_at: 1767225600,
+            world: World::V0_2,
+            deprecated: false,
             active,
         }
     }
@@ -375,7 +388,7 @@ mod tests {
         exactly(
             &serving,
             &format!(
-                r#"{{"agent_id":"agent_abc123","status":"serving","active_version":2,"failure_policy":{{"action":"transfer","to":{{"kind":"number","value":"+14155550100"}}}},"live_sessions":3,"versions":[{{"version":1,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"active":false}},{{"version":2,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"active":true}}]}}"#
+                r#"{{"agent_id":"agent_abc123","status":"serving","active_version":2,"failure_policy":{{"action":"transfer","to":{{"kind":"number","value":"+14155550100"}}}},"live_sessions":3,"versions":[{{"version":1,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"world":"voicehost:agent@0.2.0","deprecated":false,"active":false}},{{"version":2,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"world":"voicehost:agent@0.2.0","deprecated":false,"active":true}}]}}"#
             ),
         );
         let refused = AgentView {

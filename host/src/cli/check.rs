@@ -186,8 +186,17 @@ fn report(
     code: &crate::sandbox::AgentCode,
 ) -> String {
     let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+    let world = match code.world() {
+        Some(world) if world.deprecated() => format!(
+            "{} (deprecated: served through an adapter; rebuild against voicehost:agent@0.2.0)",
+            world.name()
+        ),
+        Some(world) => world.name().to_string(),
+        None => "host code".to_string(),
+    };
     [
         format!("fits the voicehost:agent world, within {whose} limits"),
+        format!("world         {world}"),
         format!(
             "size          {:.1} MiB of component_mib = {}",
             mib(size),

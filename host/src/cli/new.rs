@@ -59,8 +59,44 @@ impl File {
     }
 }
 
-/// The WIT world the host serves.
-const WIT: &str = include_str!("../../../wit/agent.wit");
+/// The WIT package the host serves (`voicehost:agent@0.2.0`) with its dependencies as `wkg` lays them out:
+/// every file of `wit/` (a test checks none is missing), and `wkg.toml`, which builds it from them.
+const WIT_FILES: &[(&str, &str)] = &[
+    ("wit/agent.wit", include_str!("../../../wit/agent.wit")),
+    (
+        "wit/deps/wasi-cli-0.2.12/package.wit",
+        include_str!("../../../wit/deps/wasi-cli-0.2.12/package.wit"),
+    ),
+    (
+        "wit/deps/wasi-clocks-0.2.12/package.wit",
+        include_str!("../../../wit/deps/wasi-clocks-0.2.12/package.wit"),
+    ),
+    (
+        "wit/deps/wasi-filesystem-0.2.12/package.wit",
+        include_str!("../../../wit/deps/wasi-filesystem-0.2.12/package.wit"),
+    ),
+    (
+        "wit/deps/wasi-http-0.2.12/package.wit",
+        include_str!("../../../wit/deps/wasi-http-0.2.12/package.wit"),
+    ),
+    (
+        "wit/deps/wasi-io-0.2.12/package.wit",
+        include_str!("../../../wit/deps/wasi-io-0.2.12/package.wit"),
+    ),
+    (
+        "wit/deps/wasi-logging-0.1.0-draft/package.wit",
+        include_str!("../../../wit/deps/wasi-logging-0.1.0-draft/package.wit"),
+    ),
+    (
+        "wit/deps/wasi-random-0.2.12/package.wit",
+        include_str!("../../../wit/deps/wasi-random-0.2.12/package.wit"),
+    ),
+    (
+        "wit/deps/wasi-sockets-0.2.12/package.wit",
+        include_str!("../../../wit/deps/wasi-sockets-0.2.12/package.wit"),
+    ),
+    ("wkg.toml", include_str!("../../../wkg.toml")),
+];
 /// The conformance table as scenarios: what every example agent answers.
 const SCENARIOS: &str = include_str!("../../../examples/conformance/tests/scenarios.toml");
 
@@ -151,10 +187,10 @@ fn lang_name(lang: Lang) -> &'static str {
 /// Every file of the project `name` in `lang`.
 fn project(name: &str, lang: Lang) -> Vec<File> {
     let mut files = vec![
-        File::text("wit/agent.wit", WIT),
         File::text("tests/scenarios.toml", &scenarios()),
         File::text("README.md", &readme(name, lang)),
     ];
+    files.extend(WIT_FILES.iter().map(|(path, text)| File::text(path, text)));
     match lang {
         Lang::Rust => {
             files.extend([
@@ -337,7 +373,7 @@ fn readme(name: &str, lang: Lang) -> String {
          at the top of {source}: make it yours from there.\n\n\
          ## Build\n\n\
          ```sh\n./build.sh          # writes target/agent.wasm\n```\n\n\
-         It needs {needs}. `wit/agent.wit` is the world the host serves (`voicehost:agent`).\n\n\
+         It needs {needs}. `wit/` is the WIT package the host serves (`voicehost:agent@0.2.0`, its WASI dependencies in `wit/deps/`; `wkg build` makes a package of it).\n\n\
          ## Talk to it\n\n\
          ```sh\nvoicehost call --agent target/agent.wasm\n```\n\n\
          Type as the caller (`echo hello`); `/help` lists the commands (`/drop`, `/restart`, `/hangup`, …). \
@@ -503,6 +539,32 @@ mod tests {
             .map(|entry| format!("sdk/src/{}", entry.unwrap().file_name().to_string_lossy()))
             .collect();
         let mut carried: Vec<String> = SDK_SOURCES.iter().map(|(p, _)| p.to_string()).collect();
+        on_disk.sort();
+        carried.sort();
+        assert_eq!(carried, on_disk);
+    }
+
+    #[test]
+    fn a_project_carries_every_file_of_the_wit_package() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut on_disk = Vec::new();
+        let mut dirs = vec![root.join("wit")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else {
+                    let relative = path.strip_prefix(&root).unwrap();
+                    on_disk.push(relative.to_string_lossy().into_owned());
+                }
+            }
+        }
+        let mut carried: Vec<String> = WIT_FILES
+            .iter()
+            .map(|(p, _)| p.to_string())
+            .filter(|p| p.starts_with("wit/"))
+            .collect();
         on_disk.sort();
         carried.sort();
         assert_eq!(carried, on_disk);

@@ -164,6 +164,7 @@ pub(super) fn agent_text(agent: &AgentView) -> String {
                 short_digest(&version.digest),
                 size_text(version.size_bytes),
                 time_text(version.uploaded_at),
+                world_text(version),
                 if version.active {
                     "*".into()
                 } else {
@@ -173,10 +174,28 @@ pub(super) fn agent_text(agent: &AgentView) -> String {
         })
         .collect();
     out.push_str(&table(
-        &["VERSION", "DIGEST", "SIZE", "UPLOADED (UTC)", "ACTIVE"],
+        &[
+            "VERSION",
+            "DIGEST",
+            "SIZE",
+            "UPLOADED (UTC)",
+            "WORLD",
+            "ACTIVE",
+        ],
         &rows,
     ));
     out
+}
+
+/// The world a version speaks, by its version, and whether it is deprecated.
+fn world_text(version: &VersionView) -> String {
+    let name = version.world.name();
+    let number = name.rsplit('@').next().unwrap_or(name);
+    if version.deprecated {
+        format!("{number} (deprecated)")
+    } else {
+        number.to_string()
+    }
 }
 
 /// `voicehost agents sessions`: one line per live call.
@@ -270,6 +289,7 @@ pub(super) fn activated(agent: &AgentView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::World;
     use serde_json::{json, Value};
 
     /// `answer` read as the view the CLI expects: the rendering tests feed the API's JSON as written.
@@ -287,9 +307,11 @@ mod tests {
             "live_sessions": 3,
             "versions": [
                 {"version": 1, "digest": format!("sha256:{}", "9f86d081884c".repeat(5) + "7d65"),
-                 "size_bytes": 1843201, "uploaded_at": 1767225600, "active": false},
+                 "size_bytes": 1843201, "uploaded_at": 1767225600, "world": "voicehost:agent@0.1.0",
+                 "deprecated": true, "active": false},
                 {"version": 2, "digest": format!("sha256:{}", "60303ae22b99".repeat(5) + "8861"),
-                 "size_bytes": 900, "uploaded_at": 1767312001, "active": true}
+                 "size_bytes": 900, "uploaded_at": 1767312001, "world": "voicehost:agent@0.2.0",
+                 "deprecated": false, "active": true}
             ]
         })
     }
@@ -318,9 +340,9 @@ mod tests {
              on failure  transfer:number:+14155550100\n\
              live calls  3\n\
              \n\
-             VERSION  DIGEST               SIZE     UPLOADED (UTC)       ACTIVE\n\
-             1        sha256:9f86d081884c  1.8 MiB  2026-01-01 00:00:00\n\
-             2        sha256:60303ae22b99  900 B    2026-01-02 00:00:01  *\n"
+             VERSION  DIGEST               SIZE     UPLOADED (UTC)       WORLD               ACTIVE\n\
+             1        sha256:9f86d081884c  1.8 MiB  2026-01-01 00:00:00  0.1.0 (deprecated)\n\
+             2        sha256:60303ae22b99  900 B    2026-01-02 00:00:01  0.2.0               *\n"
         );
     }
 
@@ -377,6 +399,8 @@ mod tests {
             digest: "sha256:ab".into(),
             size_bytes: 2048,
             uploaded_at: 0,
+            world: World::V0_2,
+            deprecated: false,
             active: false,
         };
         assert_eq!(

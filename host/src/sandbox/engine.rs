@@ -6,7 +6,8 @@ use super::compiler::{ChildCompiler, ChildFailure};
 use super::guest_log::clip;
 use super::imports::HostState;
 use super::native::NativeAgent;
-use super::{bindings, limits, outbound, Limits, IDLE_TICK, TICK};
+use super::world::{Pre, World};
+use super::{limits, outbound, Limits, IDLE_TICK, TICK};
 use crate::content::{remove_partials, write_atomically, Digest, TempFile};
 use anyhow::Result;
 use std::collections::BTreeSet;
@@ -14,7 +15,7 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use wasmtime::component::types::ComponentItem;
-use wasmtime::component::{Component, HasSelf, Linker, ResourceType};
+use wasmtime::component::{Component, Linker, ResourceType};
 use wasmtime::Engine;
 
 /// The engine all agents share, with the epoch ticker that drives CPU deadlines.
@@ -50,7 +51,8 @@ impl Sandbox {
         let engine = Engine::new(&config(Some(max_calls)))?;
         let mut without_http: Linker<HostState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut without_http)?;
-        bindings::Agent::add_to_linker::<HostState, HasSelf<HostState>>(&mut without_http, |s| s)?;
+        super::imports::add_to_linker(&mut without_http)?;
+        super::legacy::add_to_linker(&mut without_http)?;
         let mut linker = without_http.clone();
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
         outbound::cap_request_strings(&mut linker)?;
@@ -250,14 +252,14 @@ impl Sandbox {
             };
             LoadError::WrongWorld(clipped(why))
         })?;
-        let pre = bindings::AgentPre::new(pre)
+        let pre = Pre::new(pre)
             .map_err(|e| LoadError::WrongWorld(format!("its exports: {}", detail(e))))?;
         // It fits the world with `wasi:http`; without it, the only imports left undefined are
         // `wasi:http`'s, which trap when called (an agent allowed no origin gets nothing of it).
         let mut without_http = (*self.without_http).clone();
         let pre_without_http = trap_http_imports(&mut without_http, component)
             .and_then(|()| without_http.instantiate_pre(component))
-            .and_then(bindings::AgentPre::new)
+            .and_then(Pre::new)
             .map_err(|e| LoadError::WrongWorld(format!("without wasi:http: {}", detail(e))))?;
         // Wasm pages are 64 KiB (the custom-page-sizes proposal is not enabled).
         let needs = component.resources_required();
@@ -502,9 +504,9 @@ pub struct AgentCode {
 pub(super) enum Form {
     Wasm {
         engine: Engine,
-        pre: bindings::AgentPre<HostState>,
+        pre: Pre,
         /// For calls whose HTTP policy allows no origin: `wasi:http` is not linked, its imports trap.
-        pre_without_http: bindings::AgentPre<HostState>,
+        pre_without_http: Pre,
     },
     Native(Arc<dyn NativeAgent>),
 }
@@ -518,6 +520,14 @@ impl AgentCode {
             least_memory_bytes: 0,
             compiled_bytes: 0,
             pool_slots: 1,
+        }
+    }
+
+    /// The version of the `voicehost:agent` world it speaks; `None` for host code.
+    pub fn world(&self) -> Option<World> {
+        match &self.form {
+            Form::Wasm { pre, .. } => Some(pre.world()),
+            Form::Native(_) => None,
         }
     }
 

@@ -8,9 +8,11 @@ use super::limits::{MAX_FIELDS_BYTES, MAX_HANDLES, MAX_RANDOM_BYTES, MAX_TABLE_E
 use super::outbound::PolicyHooks;
 use super::wit::{CallInfo, Level, Refused, ToolResult};
 use super::{bindings, GuestImports, Limits, TrapKind};
-use bindings::voicehost::agent::{log, session, types};
+use bindings::voicehost::agent::{session, types};
+use bindings::wasi::logging::logging;
 use std::sync::Arc;
 use wasmtime::component::ResourceTable;
+use wasmtime::component::{HasSelf, Linker};
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
@@ -22,9 +24,9 @@ pub(crate) struct HostState {
     http: WasiHttpCtx,
     http_hooks: PolicyHooks,
     table: ResourceTable,
-    imports: Arc<dyn GuestImports>,
-    /// The call's log, rate-limited: the `log` import and stdout/stderr share it.
-    output: GuestOutput,
+    pub(super) imports: Arc<dyn GuestImports>,
+    /// The call's log, rate-limited: `wasi:logging` (or 0.1's `log`) and stdout/stderr share it.
+    pub(super) output: GuestOutput,
     memory: MemoryMeter,
     /// Why the instance was refused memory, if it was: over its own cap ([`TrapKind::Memory`]), or
     /// its tenant's share of the host's guest memory spent ([`TrapKind::HostMemory`]).
@@ -229,11 +231,29 @@ impl session::Host for HostState {
     }
 }
 
-impl log::Host for HostState {
-    async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
-        self.output.log(level, &message);
+impl logging::Host for HostState {
+    async fn log(
+        &mut self,
+        level: Level,
+        context: String,
+        message: String,
+    ) -> wasmtime::Result<()> {
+        if context.is_empty() {
+            self.output.log(level, &message);
+        } else {
+            self.output.log(level, &format!("{context}: {message}"));
+        }
         Ok(())
     }
+}
+
+/// Defines the `voicehost:agent@0.2.0` imports (`types`, `session`) and `wasi:logging` in `linker`; WASI
+/// and `wasi:http` are wasmtime's to link.
+pub(super) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    types::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    session::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    logging::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -8,8 +8,9 @@ use super::imports::HostState;
 use super::limits::{MAX_COMPONENT_HANDLES, MAX_HOSTCALL_BYTES};
 use super::native::NativeAgent;
 use super::trap::{classify, TrapKind, TrapReport};
-use super::wit::{SessionEnd, ToolResult, UnknownFrame, UserSaid};
-use super::{bindings, GuestImports, Limits};
+use super::wit::{RestartReason, SessionEnd, ToolResult, UnknownFrame, UserSaid};
+use super::world::Guest;
+use super::{GuestImports, Limits};
 use anyhow::Result;
 use std::future::Future;
 use std::sync::Arc;
@@ -32,8 +33,8 @@ pub enum Event {
     SessionEnd(SessionEnd),
     /// The call was lost: `on-session-lost`.
     SessionLost,
-    /// A fresh instance after a trap, told the trap's kind ([`TrapKind::as_str`]): `on-restart`.
-    Restart(String),
+    /// A fresh instance after a trap, told the trap's kind: `on-restart`.
+    Restart(RestartReason),
 }
 
 impl Event {
@@ -88,7 +89,7 @@ pub enum Outcome {
 
 /// A call's instance: a Store and the guest in it, or host code (no Store to poison).
 enum Live {
-    Wasm(Store<HostState>, bindings::Agent),
+    Wasm(Store<HostState>, Guest),
     Native(Arc<dyn NativeAgent>),
 }
 
@@ -244,19 +245,7 @@ impl Instance {
             };
         };
         store.set_epoch_deadline(1);
-        let handler = agent.voicehost_agent_handler();
-        let call = async {
-            match event {
-                Event::SessionStart => handler.call_on_session_start(&mut *store).await,
-                Event::UserSaid(said) => handler.call_on_user_said(&mut *store, said).await,
-                Event::Audio(samples) => handler.call_on_audio(&mut *store, samples).await,
-                Event::ToolResult(result) => handler.call_on_tool_result(&mut *store, result).await,
-                Event::Frame(frame) => handler.call_on_frame(&mut *store, frame).await,
-                Event::SessionEnd(end) => handler.call_on_session_end(&mut *store, end).await,
-                Event::SessionLost => handler.call_on_session_lost(&mut *store).await,
-                Event::Restart(reason) => handler.call_on_restart(&mut *store, reason).await,
-            }
-        };
+        let call = agent.call(store, event);
         let call = cpu::run(&self.cpu, call);
         let result = tokio::time::timeout(self.limits.wall_per_call, call).await;
         let outcome = match result {

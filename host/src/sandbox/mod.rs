@@ -36,6 +36,7 @@ mod engine;
 mod guest_log;
 mod imports;
 mod instance;
+mod legacy;
 pub mod limits;
 mod native;
 pub mod outbound;
@@ -50,9 +51,11 @@ pub use instance::{Event, Instance, Outcome, Unmade, HANDLERS};
 pub use native::NativeAgent;
 pub use outbound::{HttpPolicy, Origin};
 pub use trap::{TrapKind, TrapReport};
+pub use world::World;
 
-// Generated from wit/agent.wit, whose doc comments become the docs; the WIT leaves a few items bare, and
-// the generated helpers (`Refused::name`, `Refused::message`) can have none.
+// Generated from wit/agent.wit (voicehost:agent@0.2.0), whose doc comments become the docs; the WIT leaves
+// a few items bare, and the generated helpers (`Refused::name`, `Refused::message`) can have none. WASI and
+// `wasi:http` are wasmtime's own bindings: the world includes them, the host links them from there.
 #[allow(missing_docs)]
 mod bindings {
     wasmtime::component::bindgen!({
@@ -60,6 +63,15 @@ mod bindings {
         path: "../wit",
         imports: { default: async | trappable },
         exports: { default: async },
+        with: {
+            "wasi:cli": wasmtime_wasi::p2::bindings::cli,
+            "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+            "wasi:filesystem": wasmtime_wasi::p2::bindings::filesystem,
+            "wasi:io": wasmtime_wasi::p2::bindings::io,
+            "wasi:random": wasmtime_wasi::p2::bindings::random,
+            "wasi:sockets": wasmtime_wasi::p2::bindings::sockets,
+            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+        },
     });
 }
 
@@ -69,13 +81,11 @@ mod bindings {
 /// `GuestEvent`) cannot be these: the core names no wasmtime, and bindgen makes these from the WIT. So each
 /// idea has the core's type and the WIT's, and they are converted here and nowhere else.
 pub mod wit {
-    pub use super::bindings::voicehost::agent::log::Level;
-    // The WIT's `call` record is `CallInfo` on the Rust side: what a call is described as, beside the core's
-    // `Call` (the call's machine).
-    pub use super::bindings::voicehost::agent::types::Call as CallInfo;
     pub use super::bindings::voicehost::agent::types::{
-        Direction, Media, Party, Refused, SessionEnd, ToolError, ToolResult, UnknownFrame, UserSaid,
+        CallInfo, Direction, Media, Party, Refused, RestartReason, SessionEnd, ToolError,
+        ToolResult, UnknownFrame, UserSaid,
     };
+    pub use super::bindings::wasi::logging::logging::Level;
 
     use super::Event;
     use voicehost_proto::call::{self, GuestEvent, ToolAnswer};
@@ -112,12 +122,35 @@ pub mod wit {
 
     impl From<ToolAnswer> for ToolResult {
         fn from(answer: ToolAnswer) -> ToolResult {
+            let outcome = match (answer.ok, answer.error) {
+                (true, _) => Ok(()),
+                (false, Some((code, message))) => Err(ToolError { code, message }),
+                // Sent's `ok: false` always carries an error; the core keeps it so.
+                (false, None) => Err(ToolError {
+                    code: "failed".into(),
+                    message: String::new(),
+                }),
+            };
             ToolResult {
                 call_ref: answer.call_ref,
-                ok: answer.ok,
-                error: answer
-                    .error
-                    .map(|(code, message)| ToolError { code, message }),
+                outcome,
+            }
+        }
+    }
+
+    impl From<super::TrapKind> for RestartReason {
+        fn from(kind: super::TrapKind) -> RestartReason {
+            use super::TrapKind;
+            match kind {
+                TrapKind::Panic => RestartReason::Panic,
+                TrapKind::CpuDeadline => RestartReason::CpuDeadline,
+                TrapKind::WallDeadline => RestartReason::WallDeadline,
+                TrapKind::Memory => RestartReason::Memory,
+                TrapKind::HostMemory => RestartReason::HostMemory,
+                TrapKind::StackOverflow => RestartReason::StackOverflow,
+                TrapKind::HostResources => RestartReason::HostResources,
+                TrapKind::Other => RestartReason::Other,
+                TrapKind::Forced => RestartReason::Forced,
             }
         }
     }

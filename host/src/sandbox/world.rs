@@ -1,9 +1,113 @@
-//! What the `agent` world gives a component, in words: each import the host does not provide, named with
-//! why and what to do instead, so an upload (or `voicehost check`) refused for its imports says more than
-//! the linker's first mismatch.
+//! The `agent` world a component speaks: which version ([`World`]: 0.2.0, or 0.1.0 through its adapter),
+//! its pre-linked form and its instances in that version ([`Pre`], [`Guest`]); and, in words, each import
+//! the host does not provide, named with why and what to do instead, so an upload (or `voicehost check`)
+//! refused for its imports says more than the linker's first mismatch.
 
-use wasmtime::component::Component;
-use wasmtime::Engine;
+use super::imports::HostState;
+use super::instance::Event;
+use super::{bindings, legacy};
+use wasmtime::component::{Component, InstancePre};
+use wasmtime::{Engine, Store};
+
+/// The version of the `voicehost:agent` world a component was built against.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+pub enum World {
+    /// `voicehost:agent@0.2.0`, `wit/` of this repository.
+    #[serde(rename = "voicehost:agent@0.2.0")]
+    V0_2,
+    /// `voicehost:agent@0.1.0`, served through an adapter: deprecated.
+    #[serde(rename = "voicehost:agent@0.1.0")]
+    V0_1,
+}
+
+impl World {
+    /// `voicehost:agent@0.2.0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            World::V0_2 => "voicehost:agent@0.2.0",
+            World::V0_1 => legacy::WORLD,
+        }
+    }
+
+    /// What a version stored before the world was recorded speaks: 0.1.0, the only world there was.
+    pub fn recorded_before_0_2() -> World {
+        World::V0_1
+    }
+
+    /// Whether the host serves it only so that components already uploaded keep working.
+    pub fn deprecated(self) -> bool {
+        self == World::V0_1
+    }
+}
+
+/// A component pre-linked against its world: instances of it are cheap to make.
+#[derive(Clone)]
+pub(super) enum Pre {
+    Current(bindings::AgentPre<HostState>),
+    Legacy(legacy::AgentPre),
+}
+
+/// One instance of a component, in its world.
+pub(super) enum Guest {
+    Current(bindings::Agent),
+    Legacy(legacy::Agent),
+}
+
+impl Pre {
+    /// The component's exports checked against 0.2.0's `handler`, then 0.1.0's; the error is 0.2.0's.
+    pub(super) fn new(pre: InstancePre<HostState>) -> wasmtime::Result<Pre> {
+        match bindings::AgentPre::new(pre.clone()) {
+            Ok(current) => Ok(Pre::Current(current)),
+            Err(error) => legacy::AgentPre::new(pre)
+                .map(Pre::Legacy)
+                .map_err(|_| error),
+        }
+    }
+
+    pub(super) fn world(&self) -> World {
+        match self {
+            Pre::Current(_) => World::V0_2,
+            Pre::Legacy(_) => World::V0_1,
+        }
+    }
+
+    pub(super) async fn instantiate_async(
+        &self,
+        store: &mut Store<HostState>,
+    ) -> wasmtime::Result<Guest> {
+        Ok(match self {
+            Pre::Current(pre) => Guest::Current(pre.instantiate_async(store).await?),
+            Pre::Legacy(pre) => Guest::Legacy(pre.instantiate_async(store).await?),
+        })
+    }
+}
+
+impl Guest {
+    /// Calls the handler for `event`: the guest's `err`, or a trap.
+    pub(super) async fn call(
+        &self,
+        store: &mut Store<HostState>,
+        event: &Event,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let agent = match self {
+            Guest::Current(agent) => agent,
+            Guest::Legacy(agent) => return legacy::call(agent, store, event).await,
+        };
+        let handler = agent.voicehost_agent_handler();
+        match event {
+            Event::SessionStart => handler.call_on_session_start(store).await,
+            Event::UserSaid(said) => handler.call_on_user_said(store, said).await,
+            Event::Audio(samples) => handler.call_on_audio(store, samples).await,
+            Event::ToolResult(result) => handler.call_on_tool_result(store, result).await,
+            Event::Frame(frame) => handler.call_on_frame(store, frame).await,
+            Event::SessionEnd(end) => handler.call_on_session_end(store, end).await,
+            Event::SessionLost => handler.call_on_session_lost(store).await,
+            Event::Restart(reason) => handler.call_on_restart(store, *reason).await,
+        }
+    }
+}
 
 /// The component's imports the host does not provide, each as `name: why, and what to do`.
 pub(super) fn unprovided(engine: &Engine, component: &Component) -> Vec<String> {
@@ -61,11 +165,13 @@ fn explain(name: &str) -> Option<String> {
     let (path, version) = name.split_once('@').unwrap_or((name, ""));
     let (package, interface) = path.split_once('/').unwrap_or((path, ""));
     let why = match package {
-        "voicehost:agent" if resolves(version, "0.1.0") => return None,
-        "voicehost:agent" => {
-            "this host speaks voicehost:agent@0.1.0: build against the wit/ of the host you upload to"
-                .to_string()
+        "voicehost:agent" if resolves(version, "0.2.0") || resolves(version, "0.1.0") => {
+            return None
         }
+        "voicehost:agent" => "this host speaks voicehost:agent@0.2.0 (and 0.1.0, deprecated): build \
+                              against the wit/ of the host you upload to"
+            .to_string(),
+        "wasi:logging" if path == "wasi:logging/logging" && version == "0.1.0-draft" => return None,
         "wasi:http" if interface == "incoming-handler" => {
             "an agent serves no HTTP: Sent's events reach its `handler` export".into()
         }
@@ -87,7 +193,9 @@ fn explain(name: &str) -> Option<String> {
                 .into()
         }
         "wasi:config" => "no runtime config: read the call's `context` (`info`)".into(),
-        "wasi:logging" => "no wasi:logging: log with voicehost:agent/log (or stdout and stderr)".into(),
+        "wasi:logging" => {
+            "only wasi:logging/logging@0.1.0-draft is linked (or write to stdout and stderr)".into()
+        }
         proposal if proposal.starts_with("wasi:") => {
             "a WASI proposal the host does not link: agents get WASI 0.2's core interfaces only".into()
         }
@@ -95,7 +203,7 @@ fn explain(name: &str) -> Option<String> {
             "a Spin SDK import: build the agent with voicehost-agent (or bindings of wit/), not Spin's SDK"
                 .into()
         }
-        _ => "not in the voicehost:agent world (WASI 0.2, wasi:http/outgoing-handler and \
+        _ => "not in the voicehost:agent world (WASI 0.2, wasi:http/outgoing-handler, wasi:logging and \
               voicehost:agent): remove what imports it"
             .into(),
     };
@@ -138,6 +246,8 @@ mod tests {
             "wasi:http/outgoing-handler@0.2.0",
             "voicehost:agent/session@0.1.0",
             "voicehost:agent/log@0.1.1",
+            "voicehost:agent/session@0.2.0",
+            "wasi:logging/logging@0.1.0-draft",
         ] {
             assert_eq!(explain(provided), None, "{provided}");
         }
@@ -152,10 +262,13 @@ mod tests {
                 "no release candidate",
             ),
             ("wasi:http/incoming-handler@0.2.0", "serves no HTTP"),
-            ("wasi:logging/logging@0.1.0-draft", "voicehost:agent/log"),
+            (
+                "wasi:logging/logging@0.2.0",
+                "only wasi:logging/logging@0.1.0-draft",
+            ),
             ("wasi:nn/tensor@0.2.0-rc-2024-10-28", "a WASI proposal"),
             ("fermyon:spin/llm@2.0.0", "Spin SDK"),
-            ("voicehost:agent/session@0.2.0", "voicehost:agent@0.1.0"),
+            ("voicehost:agent/session@0.3.0", "voicehost:agent@0.2.0"),
             ("acme:tools/lookup@1.0.0", "remove what imports it"),
         ] {
             let why = explain(import).unwrap_or_else(|| panic!("{import} is not linked"));

@@ -7,12 +7,14 @@ use super::compiling::{CompileQueue, Payer, Turn, UploadSlots};
 use super::config::{reservations_fit, ServeConfig, Tenant, TokenHash};
 use super::quota::{Quota, Usage};
 use super::rates::Rates;
-use super::registry::{AgentRecord, DiskStore, Registry, RegistryError, StoreError, VersionRecord};
+use super::registry::{
+    AgentRecord, DiskStore, Registry, RegistryError, StoreError, Uploaded, VersionRecord,
+};
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
 use crate::content::{ensure_writable, remove_partials, Digest, Spool, Spooled};
 use crate::sandbox::budget::Budget;
 use crate::sandbox::{
-    blocking, AgentCode, ChildCompiler, HttpPolicy, Limits, LoadError, Sandbox, Wasm,
+    blocking, AgentCode, ChildCompiler, HttpPolicy, Limits, LoadError, Sandbox, Wasm, World,
 };
 use std::path::PathBuf;
 
@@ -675,6 +677,7 @@ impl Tenancy {
         // Under the lock, with the limits and the tenant's other uploads as they are now (a reload may
         // have lowered them, another upload may have been stored meanwhile); its compiled size counted.
         let compiled = code.compiled_bytes();
+        let world = code.world().unwrap_or(World::V0_2);
         let usage = registry.usage(tenant, Some((&digest, size, compiled)));
         let checked = self
             .check_quota(tenant, &usage)
@@ -686,7 +689,12 @@ impl Tenancy {
                 let (t, a) = key(tenant, agent);
                 let now = unix_now();
                 written(registry, move |r| {
-                    r.add_version(&t, &a, wasm, compiled, now, activate)
+                    let uploaded = Uploaded {
+                        compiled_bytes: compiled,
+                        world,
+                        at: now,
+                    };
+                    r.add_version(&t, &a, wasm, uploaded, activate)
                 })
                 .await?
             }
@@ -1166,10 +1174,14 @@ impl Tenancy {
         let mut running = self.running();
         if let Some(current) = running.get(&key(tenant, agent)) {
             if !current.task.is_finished() {
+                if current.deployment.borrow().version != deployment.version {
+                    warn_if_deprecated(tenant, agent, deployment.version, &deployment.code);
+                }
                 current.deployment.send_replace(deployment);
                 return;
             }
         }
+        warn_if_deprecated(tenant, agent, deployment.version, &deployment.code);
         let Some((tenant_config, tenant_gate)) = self
             .tenants
             .read()
@@ -1266,6 +1278,20 @@ async fn stop_all(agents: Vec<Running>) {
     // Together, under one bound: an agent whose connections do not close in time is left to be dropped.
     let tasks = agents.into_iter().map(|agent| agent.task);
     let _ = tokio::time::timeout(STOP_WITHIN, futures_util::future::join_all(tasks)).await;
+}
+
+/// Says in the log that a version about to serve calls speaks a deprecated world (it is served through
+/// an adapter; the API's views and `voicehost_deprecated_world_calls_total` say so too).
+fn warn_if_deprecated(tenant: &str, agent: &str, version: u32, code: &AgentCode) {
+    if let Some(world) = code.world().filter(|w| w.deprecated()) {
+        tracing::warn!(
+            tenant,
+            agent,
+            version,
+            world = world.name(),
+            "the agent's version speaks a deprecated world, served through an adapter: rebuild it against voicehost:agent@0.2.0"
+        );
+    }
 }
 
 /// How long stopping agents waits for their connections to close.

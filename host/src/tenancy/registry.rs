@@ -4,6 +4,7 @@
 
 use super::quota::Usage;
 use crate::content::{remove_partials, write_atomically, Digest, Spooled};
+use crate::sandbox::World;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -140,6 +141,20 @@ pub struct VersionRecord {
     pub compiled_bytes: u64,
     /// Unix seconds.
     pub uploaded_at: u64,
+    /// The version of the `voicehost:agent` world it was built against.
+    #[serde(default = "World::recorded_before_0_2")]
+    pub world: World,
+}
+
+/// What the registry records of an upload besides its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Uploaded {
+    /// The size of its compiled code, in bytes.
+    pub compiled_bytes: u64,
+    /// The world it was built against.
+    pub world: World,
+    /// When, in Unix seconds.
+    pub at: u64,
 }
 
 /// One agent of a tenant.
@@ -333,10 +348,14 @@ impl Registry {
         tenant: &str,
         agent: &str,
         wasm: Spooled,
-        compiled_bytes: u64,
-        uploaded_at: u64,
+        uploaded: Uploaded,
         activate: bool,
     ) -> Result<VersionRecord, RegistryError> {
+        let Uploaded {
+            compiled_bytes,
+            world,
+            at: uploaded_at,
+        } = uploaded;
         let size_bytes = wasm.size();
         let digest = self.store.put(wasm)?;
         let mut index = self.index.clone();
@@ -353,6 +372,7 @@ impl Registry {
             size_bytes,
             compiled_bytes,
             uploaded_at,
+            world,
         };
         record.next_version += 1;
         record.versions.push(version.clone());
@@ -515,6 +535,14 @@ fn agent_mut<'a>(
 mod tests {
     use super::*;
 
+    fn uploaded(at: u64) -> Uploaded {
+        Uploaded {
+            compiled_bytes: 0,
+            world: World::V0_2,
+            at,
+        }
+    }
+
     /// `bytes`, received as an upload is.
     fn spooled(bytes: &[u8]) -> Spooled {
         let dir = std::env::temp_dir().join(format!("voicehost-spooled-{}", std::process::id()));
@@ -559,10 +587,10 @@ mod tests {
     fn versions_count_from_one_and_survive_a_reopen() {
         let mut registry = registry("reopen");
         let one = registry
-            .add_version("acme", "agent_a", spooled(b"v1"), 0, 10, false)
+            .add_version("acme", "agent_a", spooled(b"v1"), uploaded(10), false)
             .unwrap();
         let two = registry
-            .add_version("acme", "agent_a", spooled(b"v2"), 0, 20, false)
+            .add_version("acme", "agent_a", spooled(b"v2"), uploaded(20), false)
             .unwrap();
         assert_eq!((one.version, two.version), (1, 2));
         registry.activate("acme", "agent_a", 2).unwrap();
@@ -608,7 +636,7 @@ mod tests {
         let mut registry = Registry::open(store.clone()).unwrap();
         let writes = || store.1.load(std::sync::atomic::Ordering::Relaxed);
         registry
-            .add_version("acme", "agent_a", spooled(b"v1"), 0, 0, true)
+            .add_version("acme", "agent_a", spooled(b"v1"), uploaded(0), true)
             .unwrap();
         registry
             .set_policy("acme", "agent_a", FailurePolicy::default())
@@ -632,7 +660,7 @@ mod tests {
         let mut registry = registry("rollback");
         for wasm in [b"v1", b"v2", b"v3"] {
             registry
-                .add_version("acme", "agent_a", spooled(wasm), 0, 0, false)
+                .add_version("acme", "agent_a", spooled(wasm), uploaded(0), false)
                 .unwrap();
         }
         assert!(matches!(
@@ -652,10 +680,10 @@ mod tests {
     fn the_active_version_cannot_be_deleted_and_a_shared_component_outlives_one_owner() {
         let mut registry = registry("delete");
         let mine = registry
-            .add_version("acme", "agent_a", spooled(b"same"), 0, 0, false)
+            .add_version("acme", "agent_a", spooled(b"same"), uploaded(0), false)
             .unwrap();
         registry
-            .add_version("globex", "agent_b", spooled(b"same"), 0, 0, false)
+            .add_version("globex", "agent_b", spooled(b"same"), uploaded(0), false)
             .unwrap();
         registry.activate("acme", "agent_a", 1).unwrap();
         assert!(matches!(
@@ -677,7 +705,7 @@ mod tests {
     fn components_no_version_refers_to_are_deleted_when_the_registry_opens() {
         let mut registry = registry("orphans");
         let kept = registry
-            .add_version("acme", "agent_a", spooled(b"kept"), 0, 0, false)
+            .add_version("acme", "agent_a", spooled(b"kept"), uploaded(0), false)
             .unwrap();
         // An upload killed between storing its component and committing the index.
         let orphan = registry.store.put(spooled(b"never committed")).unwrap();
@@ -695,7 +723,7 @@ mod tests {
     fn components_with_no_index_are_kept_when_the_registry_opens() {
         let mut registry = registry("no-index");
         let kept = registry
-            .add_version("acme", "agent_a", spooled(b"kept"), 0, 0, false)
+            .add_version("acme", "agent_a", spooled(b"kept"), uploaded(0), false)
             .unwrap();
         let dir = registry_dir("no-index");
         // A restore that has not put the index back yet, or an index deleted by hand.
@@ -709,10 +737,10 @@ mod tests {
     fn a_version_added_active_is_active_in_the_same_write() {
         let mut registry = registry("add-active");
         registry
-            .add_version("acme", "agent_a", spooled(b"v1"), 0, 0, true)
+            .add_version("acme", "agent_a", spooled(b"v1"), uploaded(0), true)
             .unwrap();
         let two = registry
-            .add_version("acme", "agent_a", spooled(b"v2"), 0, 0, true)
+            .add_version("acme", "agent_a", spooled(b"v2"), uploaded(0), true)
             .unwrap();
         let dir = registry_dir("add-active");
         let reopened = Registry::open(Arc::new(DiskStore::new(&dir).unwrap())).unwrap();
@@ -729,13 +757,13 @@ mod tests {
     fn deleting_returns_the_components_no_version_needs_any_more() {
         let mut registry = registry("unused");
         let shared = registry
-            .add_version("acme", "agent_a", spooled(b"shared"), 0, 0, false)
+            .add_version("acme", "agent_a", spooled(b"shared"), uploaded(0), false)
             .unwrap();
         registry
-            .add_version("globex", "agent_b", spooled(b"shared"), 0, 0, false)
+            .add_version("globex", "agent_b", spooled(b"shared"), uploaded(0), false)
             .unwrap();
         let own = registry
-            .add_version("acme", "agent_a", spooled(b"own"), 0, 0, false)
+            .add_version("acme", "agent_a", spooled(b"own"), uploaded(0), false)
             .unwrap();
         assert_eq!(
             registry.delete_version("acme", "agent_a", 2).unwrap(),
@@ -753,7 +781,7 @@ mod tests {
     fn a_tenant_never_reaches_another_tenants_agent() {
         let mut registry = registry("tenants");
         registry
-            .add_version("acme", "agent_a", spooled(b"v1"), 0, 0, false)
+            .add_version("acme", "agent_a", spooled(b"v1"), uploaded(0), false)
             .unwrap();
         assert!(registry.agent("globex", "agent_a").is_err());
         assert!(registry.activate("globex", "agent_a", 1).is_err());

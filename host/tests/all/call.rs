@@ -227,6 +227,8 @@ fn restart_forces_a_trap_and_the_fresh_instance_keeps_the_saved_state() {
         &[
             "agent: one",
             "host: the agent's instance was made to trap: a fresh instance takes over (kind=forced)",
+            // The fresh instance is told why, as the world's `restart-reason`.
+            "log: restarted after: forced",
             // Both utterances were counted and saved; the fresh instance reads the count back.
             "agent: utterances: 2",
             "call ended: caller_hung_up",

@@ -53,11 +53,27 @@ fn a_component_an_upload_would_take_is_described_and_the_check_passes() {
     );
     for line in [
         "fits the voicehost:agent world, within the default limits",
+        "world         voicehost:agent@0.2.0\n",
         "of memory_mib = 64",
         "pool slots    1 per call",
     ] {
         assert!(stdout.contains(line), "{line:?} not in\n{stdout}");
     }
+}
+
+#[test]
+fn a_component_of_the_world_before_is_fit_and_said_deprecated() {
+    let dir = author_dir(
+        "legacy",
+        &[("agent.wasm", &voicehost_testkit::guest("legacy"))],
+    );
+    let out = check_in(&dir, &["agent.wasm"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("world         voicehost:agent@0.1.0 (deprecated"),
+        "{stdout}"
+    );
 }
 
 #[test]

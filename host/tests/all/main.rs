@@ -14,6 +14,7 @@ mod crash;
 mod fairness;
 mod filesystem;
 mod guest_faults;
+mod legacy_world;
 mod load;
 mod new;
 mod operator;

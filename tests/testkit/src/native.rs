@@ -28,8 +28,8 @@ impl NativeAgent for NativeConformance {
                     let _ = imports.say(greeting, None, None).await;
                 }
                 Event::UserSaid(said) => user_said(imports, said).await,
-                Event::ToolResult(result) if !result.ok => {
-                    if let Some(error) = &result.error {
+                Event::ToolResult(result) => {
+                    if let Err(error) = &result.outcome {
                         let text = format!("Tool failed: {}", error.code);
                         let _ = imports.say(text, None, None).await;
                     }

@@ -223,7 +223,11 @@ impl Agent for Hoarder {
         Ok(())
     }
 
-    fn on_restart(&self, session: &Session, _reason: String) -> Result<(), Error> {
+    fn on_restart(
+        &self,
+        session: &Session,
+        _reason: voicehost_agent::RestartReason,
+    ) -> Result<(), Error> {
         trap_if_armed(session, "restart");
         Ok(())
     }

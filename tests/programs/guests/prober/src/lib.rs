@@ -119,12 +119,12 @@ fn run_command(session: &Session, text: &str) -> Result<(), Error> {
         Some("tool") => {
             let name = words.next().unwrap_or_default();
             let result = session.tool(name, None)?;
-            log::info!("tool {name}: ok {}", result.ok);
+            log::info!("tool {name}: ok {}", result.outcome.is_ok());
         }
         Some("transfer") => {
             let number = words.next().unwrap_or_default();
             let result = session.transfer_number(number)?;
-            log::info!("transfer to {number}: ok {}", result.ok);
+            log::info!("transfer to {number}: ok {}", result.outcome.is_ok());
         }
         Some("report") => {
             let report = BURSTS.with(|bursts| {
