@@ -2,7 +2,8 @@
 //!
 //! voicehost runs one instance of an agent's WebAssembly component per phone call. It owns the connection
 //! to Sent (heartbeats, reconnects, resumes, replays, tool-call bookkeeping); the agent only sees its own
-//! call. This crate is the Rust side of that contract (the WIT world `voicehost:agent/agent@0.1.0`):
+//! call. This crate is the Rust side of that contract (the world `agent` of the WIT package
+//! `voicehost:agent@0.2.0`):
 //!
 //! * implement the [`Agent`] trait (every method has a default that does nothing), named after the
 //!   official Sent SDK's `Handler`;

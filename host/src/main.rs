@@ -245,6 +245,12 @@ async fn run(args: RunArgs) -> Result<()> {
     let code = sandbox
         .load(&wasm)
         .with_context(|| format!("{} cannot serve as an agent", args.agent.display()))?;
+    if let Some(world) = code.world().filter(|w| w.deprecated()) {
+        tracing::warn!(
+            world = world.name(),
+            "the agent speaks a deprecated world, served through an adapter: rebuild it against voicehost:agent@0.2.0"
+        );
+    }
     let rules = args.limits.rules()?;
     let config = AgentConfig {
         // The pool's slots, one agent's alone (a call of a component with many memories takes more).

@@ -375,6 +375,12 @@ pub fn compile(sandbox: &Sandbox, path: &Path, rules: &CallRules) -> Result<Agen
         wasm.len().div_ceil(1024),
         started.elapsed().as_millis()
     ));
+    if let Some(world) = code.world().filter(|w| w.deprecated()) {
+        say(&format!(
+            "(it speaks {}, deprecated: served through an adapter; rebuild it against voicehost:agent@0.2.0)",
+            world.name()
+        ));
+    }
     Ok(code)
 }
 

@@ -281,6 +281,7 @@ impl Sandbox {
                 engine: self.engine.clone(),
                 pre,
                 pre_without_http,
+                world: World::of(&self.engine, component),
             },
             cached: from_cache,
             least_memory_bytes,
@@ -507,6 +508,8 @@ pub(super) enum Form {
         pre: Pre,
         /// For calls whose HTTP policy allows no origin: `wasi:http` is not linked, its imports trap.
         pre_without_http: Pre,
+        /// The world it speaks (0.1.0 when it uses any interface of it).
+        world: World,
     },
     Native(Arc<dyn NativeAgent>),
 }
@@ -526,7 +529,7 @@ impl AgentCode {
     /// The version of the `voicehost:agent` world it speaks; `None` for host code.
     pub fn world(&self) -> Option<World> {
         match &self.form {
-            Form::Wasm { pre, .. } => Some(pre.world()),
+            Form::Wasm { world, .. } => Some(*world),
             Form::Native(_) => None,
         }
     }

@@ -54,7 +54,12 @@ pub const MAX_LINE: usize = 1024;
 
 /// `text` cut to at most [`MAX_LINE`] bytes, on a character boundary.
 pub fn clip(text: &str) -> &str {
-    let mut cut = text.len().min(MAX_LINE);
+    clip_to(text, MAX_LINE)
+}
+
+/// `text` cut to at most `most` bytes, on a character boundary.
+pub fn clip_to(text: &str, most: usize) -> &str {
+    let mut cut = text.len().min(most);
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }

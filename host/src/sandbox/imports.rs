@@ -238,14 +238,26 @@ impl logging::Host for HostState {
         context: String,
         message: String,
     ) -> wasmtime::Result<()> {
-        if context.is_empty() {
-            self.output.log(level, &message);
+        // The host's log has no level above error: `critical` says so in the line. A context is cut to
+        // its first 64 bytes, so that the message (cut at a log line's length) survives a long one.
+        let critical = if level == Level::Critical {
+            "critical: "
         } else {
-            self.output.log(level, &format!("{context}: {message}"));
+            ""
+        };
+        let context = super::guest_log::clip_to(&context, MAX_CONTEXT_BYTES);
+        if context.is_empty() {
+            self.output.log(level, &format!("{critical}{message}"));
+        } else {
+            self.output
+                .log(level, &format!("{critical}{context}: {message}"));
         }
         Ok(())
     }
 }
+
+/// The most of a `wasi:logging` context a log line keeps, in bytes.
+const MAX_CONTEXT_BYTES: usize = 64;
 
 /// Defines the `voicehost:agent@0.2.0` imports (`types`, `session`) and `wasi:logging` in `linker`; WASI
 /// and `wasi:http` are wasmtime's to link.

@@ -174,6 +174,7 @@ async fn instantiate(
             engine,
             pre,
             pre_without_http,
+            ..
         } => (engine, pre, pre_without_http),
         Form::Native(agent) => return Ok(Live::Native(agent.clone())),
     };

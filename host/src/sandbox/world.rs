@@ -55,21 +55,56 @@ pub(super) enum Guest {
     Legacy(legacy::Agent),
 }
 
-impl Pre {
-    /// The component's exports checked against 0.2.0's `handler`, then 0.1.0's; the error is 0.2.0's.
-    pub(super) fn new(pre: InstancePre<HostState>) -> wasmtime::Result<Pre> {
-        match bindings::AgentPre::new(pre.clone()) {
-            Ok(current) => Ok(Pre::Current(current)),
-            Err(error) => legacy::AgentPre::new(pre)
-                .map(Pre::Legacy)
-                .map_err(|_| error),
+impl World {
+    /// The world `component` speaks: 0.1.0 when it imports or exports any `voicehost:agent` interface of
+    /// 0.1.x (a component half moved to 0.2.0 still needs the adapter), 0.2.0 otherwise.
+    pub(super) fn of(engine: &Engine, component: &Component) -> World {
+        let ty = component.component_type();
+        let mut names = ty
+            .imports(engine)
+            .map(|(name, _)| name)
+            .chain(ty.exports(engine).map(|(name, _)| name));
+        if names.any(|name| agent_version(name).is_some_and(|v| resolves(v, "0.1.0"))) {
+            World::V0_1
+        } else {
+            World::V0_2
         }
     }
+}
 
-    pub(super) fn world(&self) -> World {
-        match self {
-            Pre::Current(_) => World::V0_2,
-            Pre::Legacy(_) => World::V0_1,
+/// The version of a `voicehost:agent/…@version` name, if it is one.
+fn agent_version(name: &str) -> Option<&str> {
+    name.strip_prefix("voicehost:agent/")?
+        .split_once('@')
+        .map(|(_, v)| v)
+}
+
+impl Pre {
+    /// The component's `handler` export, checked against its version's: 0.2.0's when it exports one of
+    /// 0.2.x, else 0.1.0's (never a fallback from a broken 0.2.0 handler to a 0.1.0 one, and the error
+    /// names the version the component exports).
+    pub(super) fn new(pre: InstancePre<HostState>) -> wasmtime::Result<Pre> {
+        let component = pre.component();
+        let exports_legacy =
+            component
+                .component_type()
+                .exports(component.engine())
+                .any(|(name, _)| {
+                    name.strip_prefix("voicehost:agent/handler@")
+                        .is_some_and(|v| resolves(v, "0.1.0"))
+                });
+        let exports_current =
+            component
+                .component_type()
+                .exports(component.engine())
+                .any(|(name, _)| {
+                    name.strip_prefix("voicehost:agent/handler@")
+                        .is_some_and(|v| resolves(v, "0.2.0"))
+                });
+        if exports_legacy && !exports_current {
+            legacy::AgentPre::new(pre).map(Pre::Legacy)
+        } else {
+            bindings::AgentPre::new(pre).map(Pre::Current)
         }
     }
 
@@ -213,6 +248,19 @@ fn explain(name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::{explain, resolves};
+
+    #[test]
+    fn an_agent_interfaces_version_is_read_from_its_name() {
+        assert_eq!(
+            super::agent_version("voicehost:agent/session@0.1.0"),
+            Some("0.1.0")
+        );
+        assert_eq!(
+            super::agent_version("voicehost:agent/handler@0.2.1"),
+            Some("0.2.1")
+        );
+        assert_eq!(super::agent_version("wasi:io/poll@0.2.12"), None);
+    }
 
     #[test]
     fn versions_resolve_as_wasmtimes_linker_matches_them() {

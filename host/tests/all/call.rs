@@ -510,3 +510,28 @@ fn what_cannot_start_a_call_exits_2_saying_why() {
         b"precious"
     );
 }
+
+#[test]
+fn a_component_of_the_world_before_is_called_through_the_adapter_and_said_deprecated() {
+    let dir = author_dir(
+        "legacy",
+        &[("agent.wasm", &voicehost_testkit::guest("legacy"))],
+    );
+    let (lines, code, stderr) = call_with(
+        &dir,
+        &["--agent", "agent.wasm"],
+        &["echo old", "/restart", "/hangup"],
+    );
+    assert_in_order(
+        &lines,
+        &[
+            "(it speaks voicehost:agent@0.1.0, deprecated: served through an adapter; rebuild it against voicehost:agent@0.2.0)",
+            "agent: Hello from a 0.1.0 agent.",
+            "agent: old",
+            // 0.1.0 named the reason as a string: the trap kind's.
+            "agent: restarted after forced",
+            "call ended: caller_hung_up",
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+}
