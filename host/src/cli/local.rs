@@ -184,24 +184,32 @@ pub fn check_caller_text(text: &str) -> Result<(), String> {
 /// Whether `party` can be a caller or callee in Sent's `session.start` (its kinds, an E.164 number),
 /// through the official SDK's codec.
 pub fn check_party(party: &Party) -> Result<(), String> {
+    session_start_encodes(party.clone(), party.clone(), None)
+        .map_err(|e| format!("not a party Sent sends: {e}"))
+}
+
+/// Whether a `session.start` with these parties and context passes the official codec.
+fn session_start_encodes(
+    from: Party,
+    to: Party,
+    context: Option<Map<String, Value>>,
+) -> Result<(), frames::FrameError> {
     let frame = Frame::SessionStart(SessionStart {
         session_id: "vs_check".into(),
         call_id: "call_check".into(),
         agent_id: "agent_check".into(),
         direction: "inbound".into(),
-        from: party.clone(),
-        to: party.clone(),
+        from,
+        to,
         session_type: "text".into(),
         language: None,
         audio: None,
         max_duration_ms: None,
-        context: None,
+        context,
         resume: None,
         started_at: "2026-12-04T00:00:00Z".into(),
     });
-    frames::encode(&frame)
-        .map(drop)
-        .map_err(|e| format!("not a party Sent sends: {e}"))
+    frames::encode(&frame).map(drop)
 }
 
 /// The largest scenario or tool-answer file read (a hand-written TOML file).
@@ -270,37 +278,23 @@ pub fn check_output(flag: &str, output: &Path, inputs: &[&Path]) -> Result<()> {
 /// A scenario's or `--context`'s context as Sent would send it: a JSON object of at most 4 KB
 /// (protocol.md, `session.start`), which the official codec encodes.
 pub fn check_context(context: &Map<String, Value>) -> Result<(), String> {
-    let json = Value::Object(context.clone()).to_string();
+    let json = serde_json::to_string(context).unwrap_or_default();
     if json.len() > MAX_CONTEXT {
         return Err(format!(
             "the context is {} bytes as JSON; Sent passes at most {MAX_CONTEXT}",
             json.len()
         ));
     }
-    let frame = Frame::SessionStart(SessionStart {
-        session_id: "vs_check".into(),
-        call_id: "call_check".into(),
-        agent_id: "agent_check".into(),
-        direction: "inbound".into(),
-        from: Party {
-            kind: "number".into(),
-            value: Some("+14155550100".into()),
-        },
-        to: Party {
-            kind: "agent".into(),
-            value: Some("agent_check".into()),
-        },
-        session_type: "text".into(),
-        language: None,
-        audio: None,
-        max_duration_ms: None,
-        context: Some(context.clone()),
-        resume: None,
-        started_at: "2026-12-04T00:00:00Z".into(),
-    });
-    frames::encode(&frame)
-        .map(drop)
-        .map_err(|e| format!("not a context Sent sends: {e}"))
+    let party = |kind: &str, value: &str| Party {
+        kind: kind.into(),
+        value: Some(value.into()),
+    };
+    session_start_encodes(
+        party("number", "+14155550100"),
+        party("agent", "agent_check"),
+        Some(context.clone()),
+    )
+    .map_err(|e| format!("not a context Sent sends: {e}"))
 }
 
 /// The most `session.start`'s `context` holds, as JSON (protocol.md: "at most 4 KB as JSON").

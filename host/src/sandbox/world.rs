@@ -85,23 +85,15 @@ impl Pre {
     /// names the version the component exports).
     pub(super) fn new(pre: InstancePre<HostState>) -> wasmtime::Result<Pre> {
         let component = pre.component();
-        let exports_legacy =
-            component
-                .component_type()
-                .exports(component.engine())
-                .any(|(name, _)| {
-                    name.strip_prefix("voicehost:agent/handler@")
-                        .is_some_and(|v| resolves(v, "0.1.0"))
-                });
-        let exports_current =
-            component
-                .component_type()
-                .exports(component.engine())
-                .any(|(name, _)| {
-                    name.strip_prefix("voicehost:agent/handler@")
-                        .is_some_and(|v| resolves(v, "0.2.0"))
-                });
-        if exports_legacy && !exports_current {
+        let handlers: Vec<String> = component
+            .component_type()
+            .exports(component.engine())
+            .filter_map(|(name, _)| {
+                Some(name.strip_prefix("voicehost:agent/handler@")?.to_string())
+            })
+            .collect();
+        let exports = |linked: &str| handlers.iter().any(|v| resolves(v, linked));
+        if exports("0.1.0") && !exports("0.2.0") {
             legacy::AgentPre::new(pre).map(Pre::Legacy)
         } else {
             bindings::AgentPre::new(pre).map(Pre::Current)
