@@ -6,7 +6,9 @@
 use super::imports::HostState;
 use super::instance::Event;
 use super::{bindings, legacy};
-use wasmtime::component::{Component, InstancePre};
+use std::sync::OnceLock;
+use wasmtime::component::types::{self, ComponentFunc, ComponentItem};
+use wasmtime::component::{Component, InstancePre, Type};
 use wasmtime::{Engine, Store};
 
 /// The version of the `voicehost:agent` world a component was built against.
@@ -28,6 +30,14 @@ impl World {
         match self {
             World::V0_2 => "voicehost:agent@0.2.0",
             World::V0_1 => legacy::WORLD,
+        }
+    }
+
+    /// The version of its `voicehost:agent` package.
+    fn version(self) -> &'static str {
+        match self {
+            World::V0_2 => "0.2.0",
+            World::V0_1 => "0.1.0",
         }
     }
 
@@ -82,21 +92,32 @@ fn agent_version(name: &str) -> Option<&str> {
 impl Pre {
     /// The component's `handler` export, checked against its version's: 0.2.0's when it exports one of
     /// 0.2.x, else 0.1.0's (never a fallback from a broken 0.2.0 handler to a 0.1.0 one, and the error
-    /// names the version the component exports).
+    /// names the version the component exports). Its functions' types are checked here, where an upload is,
+    /// not at the first call's instantiation.
     pub(super) fn new(pre: InstancePre<HostState>) -> wasmtime::Result<Pre> {
         let component = pre.component();
-        let handlers: Vec<String> = component
-            .component_type()
-            .exports(component.engine())
-            .filter_map(|(name, _)| {
-                Some(name.strip_prefix("voicehost:agent/handler@")?.to_string())
-            })
+        let engine = component.engine();
+        let ty = component.component_type();
+        let handlers: Vec<(&str, &str)> = ty
+            .exports(engine)
+            .filter_map(|(name, _)| Some((name, name.strip_prefix("voicehost:agent/handler@")?)))
             .collect();
-        let exports = |linked: &str| handlers.iter().any(|v| resolves(v, linked));
-        if exports("0.1.0") && !exports("0.2.0") {
-            legacy::AgentPre::new(pre).map(Pre::Legacy)
-        } else {
-            bindings::AgentPre::new(pre).map(Pre::Current)
+        let exports = |linked: &str| handlers.iter().any(|(_, v)| resolves(v, linked));
+        let world = match exports("0.1.0") && !exports("0.2.0") {
+            true => World::V0_1,
+            false => World::V0_2,
+        };
+        // Every export the bindings might take for the world's handler (wasmtime takes the exact version,
+        // else the highest that resolves to it): each must have the world's types.
+        for (export, _) in handlers
+            .iter()
+            .filter(|(_, v)| resolves(v, world.version()))
+        {
+            handler_fits(engine, &ty, export, world)?;
+        }
+        match world {
+            World::V0_1 => legacy::AgentPre::new(pre).map(Pre::Legacy),
+            World::V0_2 => bindings::AgentPre::new(pre).map(Pre::Current),
         }
     }
 
@@ -132,6 +153,234 @@ impl Guest {
             Event::SessionEnd(end) => handler.call_on_session_end(store, end).await,
             Event::SessionLost => handler.call_on_session_lost(store).await,
             Event::Restart(reason) => handler.call_on_restart(store, *reason).await,
+        }
+    }
+}
+
+/// The functions of `handler` as each world's WIT states them, from components build.rs makes of the WIT.
+static STATED: OnceLock<Result<[Stated; 2], String>> = OnceLock::new();
+
+type Stated = Vec<(String, ComponentFunc)>;
+
+fn stated(world: World) -> wasmtime::Result<&'static Stated> {
+    let stated = STATED.get_or_init(|| {
+        let engine = Engine::default();
+        let read = |wasm: &[u8], world: World| -> wasmtime::Result<Stated> {
+            let component = Component::new(&engine, wasm)?;
+            let ty = component.component_type();
+            let name = format!("voicehost:agent/handler@{}", world.version());
+            let Some(ComponentItem::ComponentInstance(handler)) =
+                ty.get_export(&engine, &name).map(|e| e.ty)
+            else {
+                wasmtime::bail!("the stated {name} is not an instance");
+            };
+            Ok(handler
+                .exports(&engine)
+                .filter_map(|(name, e)| match e.ty {
+                    ComponentItem::ComponentFunc(func) => Some((name.to_string(), func)),
+                    _ => None,
+                })
+                .collect())
+        };
+        let v0_2 = include_bytes!(concat!(env!("OUT_DIR"), "/handler-0.2.wasm"));
+        let v0_1 = include_bytes!(concat!(env!("OUT_DIR"), "/handler-0.1.wasm"));
+        (|| Ok([read(v0_2, World::V0_2)?, read(v0_1, World::V0_1)?]))()
+            .map_err(|e: wasmtime::Error| format!("{e:#}"))
+    });
+    match stated {
+        Ok([v0_2, v0_1]) => Ok(if world == World::V0_2 { v0_2 } else { v0_1 }),
+        Err(e) => wasmtime::bail!("the host's own handler types: {e}"),
+    }
+}
+
+/// Whether the component's `export` (a `voicehost:agent/handler` of `world`'s version) has the types the
+/// world states for each of its functions; a function it lacks is left to the bindings, which name it.
+fn handler_fits(
+    engine: &Engine,
+    component: &types::Component,
+    export: &str,
+    world: World,
+) -> wasmtime::Result<()> {
+    let Some(ComponentItem::ComponentInstance(handler)) =
+        component.get_export(engine, export).map(|e| e.ty)
+    else {
+        wasmtime::bail!("{export} is not an instance of functions");
+    };
+    for (name, want) in stated(world)? {
+        let Some(e) = handler.get_export(engine, name) else {
+            continue;
+        };
+        let ComponentItem::ComponentFunc(got) = e.ty else {
+            wasmtime::bail!("{export}: `{name}` is not a function");
+        };
+        let params = |f: &ComponentFunc| f.params().map(|(_, ty)| ty).collect::<Vec<_>>();
+        let results = |f: &ComponentFunc| f.results().collect::<Vec<_>>();
+        if params(&got) != params(want) || results(&got) != results(want) || got.async_() {
+            wasmtime::bail!(
+                "{export}: `{name}` is {}, where {} states {}",
+                signature(&got),
+                world.name(),
+                signature(want)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A function's type in WIT's words, nested types spelled out until about a log line's worth is written
+/// (a component's types may be huge: what is written is bounded, not what they hold).
+fn signature(func: &ComponentFunc) -> String {
+    let mut out = Wit::default();
+    if func.async_() {
+        out.put("async ");
+    }
+    out.put("func(");
+    for (i, (name, ty)) in func.params().enumerate() {
+        if i > 0 {
+            out.put(", ");
+        }
+        out.name(name);
+        out.put(": ");
+        out.ty(&ty);
+    }
+    out.put(")");
+    for (i, ty) in func.results().enumerate() {
+        out.put(if i == 0 { " -> " } else { ", " });
+        out.ty(&ty);
+    }
+    out.text
+}
+
+/// WIT text written within [`Wit::BUDGET`] bytes: past it, `…` and nothing more.
+#[derive(Default)]
+struct Wit {
+    text: String,
+    full: bool,
+}
+
+impl Wit {
+    const BUDGET: usize = 480;
+    /// How much of a name is written.
+    const NAME: usize = 40;
+
+    fn put(&mut self, text: &str) {
+        if self.full {
+            return;
+        }
+        if self.text.len() + text.len() > Self::BUDGET {
+            self.text.push('…');
+            self.full = true;
+        } else {
+            self.text.push_str(text);
+        }
+    }
+
+    fn name(&mut self, name: &str) {
+        match name.char_indices().nth(Self::NAME) {
+            Some((cut, _)) => {
+                self.put(&name[..cut]);
+                self.put("…");
+            }
+            None => self.put(name),
+        }
+    }
+
+    fn list<T>(&mut self, items: impl Iterator<Item = T>, mut each: impl FnMut(&mut Self, T)) {
+        for (i, item) in items.enumerate() {
+            if self.full {
+                return;
+            }
+            if i > 0 {
+                self.put(", ");
+            }
+            each(self, item);
+        }
+    }
+
+    fn ty(&mut self, ty: &Type) {
+        if self.full {
+            return;
+        }
+        let primitive = match ty {
+            Type::Bool => "bool",
+            Type::S8 => "s8",
+            Type::U8 => "u8",
+            Type::S16 => "s16",
+            Type::U16 => "u16",
+            Type::S32 => "s32",
+            Type::U32 => "u32",
+            Type::S64 => "s64",
+            Type::U64 => "u64",
+            Type::Float32 => "f32",
+            Type::Float64 => "f64",
+            Type::Char => "char",
+            Type::String => "string",
+            Type::Own(_) | Type::Borrow(_) => "a resource",
+            Type::ErrorContext => "error-context",
+            _ => "",
+        };
+        if !primitive.is_empty() {
+            return self.put(primitive);
+        }
+        let optional = |out: &mut Self, ty: Option<Type>| match ty {
+            Some(ty) => out.ty(&ty),
+            None => out.put("_"),
+        };
+        match ty {
+            Type::List(l) => {
+                self.put("list<");
+                self.ty(&l.ty());
+                self.put(">");
+            }
+            Type::Option(o) => {
+                self.put("option<");
+                self.ty(&o.ty());
+                self.put(">");
+            }
+            Type::Result(r) => {
+                self.put("result<");
+                optional(self, r.ok());
+                self.put(", ");
+                optional(self, r.err());
+                self.put(">");
+            }
+            Type::Tuple(t) => {
+                self.put("tuple<");
+                self.list(t.types(), |out, ty| out.ty(&ty));
+                self.put(">");
+            }
+            Type::Record(r) => {
+                self.put("record { ");
+                self.list(r.fields(), |out, field| {
+                    out.name(field.name);
+                    out.put(": ");
+                    out.ty(&field.ty);
+                });
+                self.put(" }");
+            }
+            Type::Variant(v) => {
+                self.put("variant { ");
+                self.list(v.cases(), |out, case| {
+                    out.name(case.name);
+                    if let Some(ty) = case.ty {
+                        out.put("(");
+                        out.ty(&ty);
+                        out.put(")");
+                    }
+                });
+                self.put(" }");
+            }
+            Type::Enum(e) => {
+                self.put("enum { ");
+                self.list(e.names(), Self::name);
+                self.put(" }");
+            }
+            Type::Flags(f) => {
+                self.put("flags { ");
+                self.list(f.names(), Self::name);
+                self.put(" }");
+            }
+            _ => self.put("another type"),
         }
     }
 }

@@ -38,6 +38,175 @@ fn keyvalue_component() -> Vec<u8> {
     .unwrap()
 }
 
+/// A component of the `agent` world of the WIT in `wit` (a directory, with `deps/`) with `from` replaced by
+/// `to` in its `agent.wit`: every function is there, and does nothing but trap.
+fn component_of_changed_wit(wit: &Path, from: &str, to: &str) -> Vec<u8> {
+    component_of_wit(wit, "agent", |dir| {
+        let text = std::fs::read_to_string(dir.join("agent.wit")).unwrap();
+        assert!(text.contains(from), "{from:?} is not in {}", wit.display());
+        std::fs::write(dir.join("agent.wit"), text.replacen(from, to, 1)).unwrap();
+    })
+}
+
+/// A component of `world` in a copy of the WIT in `wit`, changed by `change` (given the copy's directory).
+fn component_of_wit(wit: &Path, world: &str, change: impl FnOnce(&Path)) -> Vec<u8> {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            match entry.file_type().unwrap().is_dir() {
+                true => copy(&entry.path(), &to.join(entry.file_name())),
+                false => drop(std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap()),
+            }
+        }
+    }
+    static COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let copy_number = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let changed = author_dir(&format!("wit-{copy_number}"), &[]).join("wit");
+    copy(wit, &changed);
+    change(&changed);
+    let mut resolve = wit_parser::Resolve::default();
+    let (package, _) = resolve.push_dir(&changed).unwrap();
+    let world = resolve.select_world(&[package], Some(world)).unwrap();
+    let mut module = wit_component::dummy_module(
+        &resolve,
+        world,
+        wit_parser::ManglingAndAbi::Legacy(wit_parser::LiftLowerAbi::Sync),
+    );
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+    )
+    .unwrap();
+    wit_component::ComponentEncoder::default()
+        .module(&module)
+        .unwrap()
+        .validate(true)
+        .encode()
+        .unwrap()
+}
+
+const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_of_the_wrong_types_is_refused_at_upload_naming_the_function_and_both_types() {
+    let wit = Path::new(REPO).join("wit");
+    let stated = "on-session-start: func() -> result<_, string>;";
+    let fits = component_of_changed_wit(&wit, stated, stated);
+    let mistyped =
+        component_of_changed_wit(&wit, stated, "on-session-start: func() -> result<_, u32>;");
+    let hosting = Hosting::start("check-types", "").await;
+    let upload = |wasm: Vec<u8>| {
+        hosting.api(
+            "POST",
+            "/v1/agents/agent_acme/versions",
+            Some(ACME_TOKEN),
+            wasm,
+        )
+    };
+    let (status, answer) = upload(mistyped.clone()).await;
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["error"]["code"], "wrong_world");
+    let message = answer["error"]["message"].as_str().unwrap().to_string();
+    // The same world built apart from the host's bindings has the same types: it is taken.
+    let (status, answer) = upload(fits).await;
+    assert_eq!(status, 201, "{answer}");
+    hosting.finish().await;
+    assert!(
+        message.contains(
+            "voicehost:agent/handler@0.2.0: `on-session-start` is func() -> result<_, u32>, \
+             where voicehost:agent@0.2.0 states func() -> result<_, string>"
+        ),
+        "{message}"
+    );
+
+    let dir = author_dir("types", &[("mistyped.wasm", &mistyped)]);
+    let stderr = refused_in(&dir, &["mistyped.wasm"]);
+    assert!(
+        stderr.contains(&format!("(422 wrong_world): {message}")),
+        "{message:?} not in {stderr}"
+    );
+}
+
+#[test]
+fn every_handler_export_of_the_worlds_version_is_checked_not_only_the_first() {
+    // handler@0.2.0 fits; handler@0.2.1 (which the bindings would take: the highest 0.2.x) does not.
+    let two = component_of_wit(&Path::new(REPO).join("wit"), "two", |dir| {
+        let text = std::fs::read_to_string(dir.join("agent.wit")).unwrap();
+        let later = text
+            .replacen(
+                "package voicehost:agent@0.2.0;",
+                "package voicehost:agent@0.2.1;",
+                1,
+            )
+            .replacen(
+                "on-audio: func(samples: list<s16>)",
+                "on-audio: func(samples: list<u8>)",
+                1,
+            );
+        std::fs::create_dir_all(dir.join("deps/agent-0.2.1")).unwrap();
+        std::fs::write(dir.join("deps/agent-0.2.1/package.wit"), later).unwrap();
+        std::fs::write(
+            dir.join("agent.wit"),
+            text + "\nworld two { export handler; export voicehost:agent/handler@0.2.1; }\n",
+        )
+        .unwrap();
+    });
+    let dir = author_dir("types-two", &[("two.wasm", &two)]);
+    let stderr = refused_in(&dir, &["two.wasm"]);
+    assert!(
+        stderr.contains("voicehost:agent/handler@0.2.1: `on-audio` is func(samples: list<u8>)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_huge_handler_type_is_told_in_a_bounded_message() {
+    // 50 fields of 50 fields of a 10,000-character name: written whole, megabytes.
+    let long = "a".repeat(10_000);
+    let wide = |name: &str, ty: &str| {
+        let fields: Vec<String> = (0..50).map(|i| format!("x{i}: {ty}")).collect();
+        format!("record {name} {{ {} }}", fields.join(", "))
+    };
+    let huge = component_of_changed_wit(
+        &Path::new(REPO).join("wit"),
+        "on-session-start: func() -> result<_, string>;",
+        &format!(
+            "record r1 {{ {long}: u8 }}\n{}\n{}\non-session-start: func(x: r3) -> result<_, string>;",
+            wide("r2", "r1"),
+            wide("r3", "r2")
+        ),
+    );
+    let dir = author_dir("types-huge", &[("huge.wasm", &huge)]);
+    let stderr = refused_in(&dir, &["huge.wasm"]);
+    assert!(
+        stderr.contains("`on-session-start` is func(x: record { x0: record"),
+        "{stderr}"
+    );
+    assert!(stderr.len() < 4_000, "{} bytes: {stderr}", stderr.len());
+}
+
+#[test]
+fn a_deprecated_worlds_handler_is_checked_against_that_worlds_types() {
+    let wit = Path::new(REPO).join("host/wit-0.1");
+    let mistyped = component_of_changed_wit(
+        &wit,
+        "on-audio: func(samples: list<s16>)",
+        "on-audio: func(samples: list<u8>)",
+    );
+    let dir = author_dir("types-0.1", &[("mistyped.wasm", &mistyped)]);
+    let stderr = refused_in(&dir, &["mistyped.wasm"]);
+    assert!(
+        stderr.contains(
+            "voicehost:agent/handler@0.1.0: `on-audio` is func(samples: list<u8>) -> result<_, string>, \
+             where voicehost:agent@0.1.0 states func(samples: list<s16>) -> result<_, string>"
+        ),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_component_an_upload_would_take_is_described_and_the_check_passes() {
     let dir = author_dir(
