@@ -14,7 +14,8 @@ use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailureP
 use crate::content::{ensure_writable, remove_partials, Digest, Spool, Spooled};
 use crate::sandbox::budget::Budget;
 use crate::sandbox::{
-    blocking, AgentCode, ChildCompiler, HttpPolicy, Limits, LoadError, Sandbox, Wasm, World,
+    blocking, AgentCode, ChildCompiler, CpuGroup, HttpPolicy, Limits, LoadError, Sandbox, Wasm,
+    World,
 };
 use std::path::PathBuf;
 
@@ -133,7 +134,8 @@ fn reserve<'a>(slots: &Budget, memory: &Budget, tenants: impl Iterator<Item = &'
 pub struct UploadSlot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
 
 /// Each tenant by id, with the cap on its calls.
-type Tenants = BTreeMap<String, (Arc<Tenant>, Arc<Gate>)>;
+/// Each tenant, its session cap's gate, and the group its calls' CPU is weighed in.
+type Tenants = BTreeMap<String, (Arc<Tenant>, Arc<Gate>, CpuGroup)>;
 
 /// The multi-tenant host of `voicehost serve`: the tenants (from the config), the registry of their agents,
 /// the agents being served, and the compiling of uploads.
@@ -188,7 +190,7 @@ impl Tenancy {
             .into_iter()
             .map(|tenant| {
                 let gate = Gate::new(tenant.limits.max_sessions);
-                (tenant.id.clone(), (Arc::new(tenant), gate))
+                (tenant.id.clone(), (Arc::new(tenant), gate, CpuGroup::new()))
             })
             .collect();
         // Every directory the host writes, checked now: an upload must not be the first to find out.
@@ -226,7 +228,7 @@ impl Tenancy {
             Budget::new(config.max_calls as u64),
             Budget::new(config.guest_memory_bytes()),
         );
-        reserve(&slots, &memory, tenants.values().map(|(t, _)| &**t));
+        reserve(&slots, &memory, tenants.values().map(|(t, _, _)| &**t));
         Ok(Arc::new(Tenancy {
             metrics_token: RwLock::new(config.metrics_token()?),
             sandbox,
@@ -444,8 +446,8 @@ impl Tenancy {
             let mut next = BTreeMap::new();
             let mut rekeyed = Vec::new();
             for mut tenant in fresh {
-                let gate = match tenants.get(&tenant.id) {
-                    Some((old, gate)) => {
+                let (gate, cpu) = match tenants.get(&tenant.id) {
+                    Some((old, gate, cpu)) => {
                         // Lookups in flight hold the old places: the tenant keeps them, not 8 more.
                         tenant.http = Arc::new(HttpPolicy {
                             lookups: old.http.lookups.clone(),
@@ -455,18 +457,22 @@ impl Tenancy {
                             rekeyed.push(tenant.id.clone());
                         }
                         gate.set_cap(tenant.limits.max_sessions);
-                        gate.clone()
+                        (gate.clone(), cpu.clone())
                     }
-                    None => Gate::new(tenant.limits.max_sessions),
+                    None => (Gate::new(tenant.limits.max_sessions), CpuGroup::new()),
                 };
-                next.insert(tenant.id.clone(), (Arc::new(tenant), gate));
+                next.insert(tenant.id.clone(), (Arc::new(tenant), gate, cpu));
             }
             let gone: Vec<String> = tenants
                 .keys()
                 .filter(|id| !next.contains_key(*id))
                 .cloned()
                 .collect();
-            reserve(&self.slots, &self.memory, next.values().map(|(t, _)| &**t));
+            reserve(
+                &self.slots,
+                &self.memory,
+                next.values().map(|(t, _, _)| &**t),
+            );
             *tenants = next;
             (gone, rekeyed)
         };
@@ -527,7 +533,7 @@ impl Tenancy {
     pub fn tenant_by_token(&self, presented: &TokenHash) -> Option<String> {
         // Every tenant is checked, so the time taken does not tell which one matched.
         let mut found = None;
-        for (tenant, _) in self
+        for (tenant, _, _) in self
             .tenants
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -554,7 +560,7 @@ impl Tenancy {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
-            .map(|(tenant, _)| tenant.clone())
+            .map(|(tenant, _, _)| tenant.clone())
     }
 
     // ----- what the admin API asks -----
@@ -1182,7 +1188,7 @@ impl Tenancy {
             }
         }
         warn_if_deprecated(tenant, agent, deployment.version, &deployment.code);
-        let Some((tenant_config, tenant_gate)) = self
+        let Some((tenant_config, tenant_gate, cpu)) = self
             .tenants
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -1201,6 +1207,7 @@ impl Tenancy {
             deployment: receiver,
             connections: self.connections,
             admission: Admission::new(gates).with_slots(self.slots.part(tenant)),
+            cpu,
         };
         let (tenant_id, agent_id) = (tenant.to_string(), agent.to_string());
         let refused = Arc::new(Mutex::new(None));
