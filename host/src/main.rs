@@ -100,6 +100,10 @@ struct RunArgs {
     /// README's limits). A call past it gets the failure policy.
     #[arg(long, default_value_t = limits::MAX_CALLS)]
     max_calls: usize,
+    /// The guests' linear memory across every call, in MiB: a growth past it traps the instance
+    /// (`host_memory`). Default: three quarters of the memory this process may use.
+    #[arg(long)]
+    guest_memory_mib: Option<u64>,
     #[command(flatten)]
     limits: cli::RunLimits,
 }
@@ -225,6 +229,11 @@ const EXIT_GRACE: Duration = Duration::from_secs(2);
 async fn run(args: RunArgs) -> Result<()> {
     // The flags first: a wrong one is said before any file is read.
     limits::check_max_calls(args.max_calls).map_err(|e| anyhow!("--max-calls {}", e.problem))?;
+    let guest_memory_mib = args
+        .guest_memory_mib
+        .unwrap_or_else(limits::default_guest_memory_mib);
+    limits::check_guest_memory_mib(guest_memory_mib)
+        .map_err(|e| anyhow!("--guest-memory-mib {}", e.problem))?;
     let api_key = match &args.api_key_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the API key from {}", path.display()))?
@@ -251,7 +260,9 @@ async fn run(args: RunArgs) -> Result<()> {
             "the agent speaks a deprecated world, served through an adapter: rebuild it against voicehost:agent@0.2.0"
         );
     }
-    let rules = args.limits.rules()?;
+    let mut rules = args.limits.rules()?;
+    // Every byte of the guests' linear memory is taken from it, as `serve`'s tenants' is.
+    rules.limits.host_memory = Some(Budget::new(guest_memory_mib << 20).part(&args.agent_id));
     let config = AgentConfig {
         // The pool's slots, one agent's alone (a call of a component with many memories takes more).
         admission: Admission::new(Vec::new())

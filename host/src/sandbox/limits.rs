@@ -132,6 +132,20 @@ pub fn check_max_calls(max_calls: usize) -> Result<(), LimitError> {
     })
 }
 
+/// The most `guest_memory_mib` may be: 16 TiB.
+pub const GUEST_MEMORY_MIB_CAP: u64 = 1 << 24;
+
+/// Why `guest_memory_mib` cannot be used, if it cannot.
+pub fn check_guest_memory_mib(mib: u64) -> Result<(), LimitError> {
+    if (16..=GUEST_MEMORY_MIB_CAP).contains(&mib) {
+        return Ok(());
+    }
+    Err(LimitError {
+        key: "guest_memory_mib",
+        problem: format!("= {mib}: use 16 to {GUEST_MEMORY_MIB_CAP}"),
+    })
+}
+
 /// The guests' linear memory across every call when the config sets no `guest_memory_mib`: three quarters
 /// of the memory this process may use (the machine's, or its cgroups' limit when lower), leaving the rest
 /// to the host's own work (connections, buffers, compiled code); 4 GiB when neither can be read.
@@ -149,7 +163,7 @@ pub fn default_guest_memory_mib() -> u64 {
         (None, Some(c)) => c,
         (None, None) => 4 << 30,
     };
-    ((bytes / 4 * 3) >> 20).max(16)
+    ((bytes / 4 * 3) >> 20).clamp(16, GUEST_MEMORY_MIB_CAP)
 }
 
 /// The smallest memory limit of the cgroups this process is in, from its own up to the root of the

@@ -746,11 +746,7 @@ impl ServeConfig {
         );
         limits::check_max_calls(config.max_calls)?;
         if let Some(mib) = config.guest_memory_mib {
-            anyhow::ensure!(
-                (16..=1 << 24).contains(&mib),
-                "guest_memory_mib = {mib}: use 16 to {}",
-                1u64 << 24
-            );
+            limits::check_guest_memory_mib(mib)?;
         }
         config.metrics_token()?;
         config.compile.check()?;
