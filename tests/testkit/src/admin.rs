@@ -19,10 +19,29 @@ pub async fn send(
     token: Option<&str>,
     body: Vec<u8>,
 ) -> Result<(u16, Value)> {
+    send_from([127, 0, 0, 1], base, method, path, token, body).await
+}
+
+/// [`send`] from the loopback address `source` (127.0.0.0/8): another client, as the admin listener's
+/// per-address limits see it.
+pub async fn send_from(
+    source: [u8; 4],
+    base: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> Result<(u16, Value)> {
     let authority = base
         .strip_prefix("http://")
         .ok_or_else(|| anyhow!("not an http:// address: {base}"))?;
-    let stream = tokio::net::TcpStream::connect(authority).await?;
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind((source, 0).into())?;
+    let address = tokio::net::lookup_host(authority)
+        .await?
+        .find(std::net::SocketAddr::is_ipv4)
+        .ok_or_else(|| anyhow!("no IPv4 address for {authority}"))?;
+    let stream = socket.connect(address).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     let mut builder = hyper::Request::builder()
