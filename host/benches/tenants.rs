@@ -5,7 +5,9 @@
 //! frames at 16 kHz, each echo timed (the recorder's timestamps: frame queued → echo read back), and asks
 //! the admin API for its agents every 100 ms, each answer timed. That runs once alone, then beside each of
 //! A's attacks, side by side in one run:
-//! - `cpu`: four calls of A whose guests burn 150 ms of CPU per 20 ms frame (under their deadline);
+//! - `cpu`: four calls of A whose guests burn 150 ms of CPU per 20 ms frame (under their deadline), then
+//!   forty (a tenant with many busy calls: served first come, first served, B's call waited for a tick of
+//!   each busy call queued before it);
 //! - `pool`: A holds its whole `max_sessions` (100) of live calls;
 //! - `log`: a call of A whose guest logs 1000 lines per frame;
 //! - `bad tokens`: eight clients ask the admin API without cease with 16 KiB tokens that are nobody's;
@@ -30,6 +32,7 @@ const FRAMES: usize = 300;
 enum Attack {
     Alone,
     Cpu,
+    ManyCpu,
     Pool,
     Log,
     BadTokens,
@@ -41,6 +44,7 @@ impl Attack {
         match self {
             Attack::Alone => "nothing (alone)",
             Attack::Cpu => "4 calls × `spin 150`",
+            Attack::ManyCpu => "40 calls × `spin 150`",
             Attack::Pool => "100 live calls (its whole `max_sessions`)",
             Attack::Log => "a call × `log 1000`",
             Attack::BadTokens => "8 clients with 16 KiB unknown tokens",
@@ -58,6 +62,7 @@ fn main() -> Result<()> {
     let attacks = [
         Attack::Alone,
         Attack::Cpu,
+        Attack::ManyCpu,
         Attack::Pool,
         Attack::Log,
         Attack::BadTokens,
@@ -128,6 +133,7 @@ async fn run(attack: Attack) -> Row {
     match attack {
         Attack::Alone => {}
         Attack::Cpu => attackers.extend((0..4).map(|_| prober_call(&a, "spin 150"))),
+        Attack::ManyCpu => attackers.extend((0..40).map(|_| prober_call(&a, "spin 150"))),
         Attack::Log => attackers.push(prober_call(&a, "log 1000")),
         Attack::Pool => held.extend((0..100).map(|_| a.start_audio(16_000))),
         Attack::BadTokens => {
