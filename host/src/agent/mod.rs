@@ -6,7 +6,7 @@
 //! guest's requests, and whoever fed it carries out what it asks while still holding the lock (queueing on
 //! a connection never waits), so that what the router decided reaches the sockets in the order it decided
 //! it. A frame from Sent thus crosses three tasks: its connection's reader, its call's task (the guest, on
-//! the calls' workers: see `sandbox::spawn_call`), and the connection's writer.
+//! the calls' runtime: see `sandbox::spawn_call`), and the connection's writer.
 
 mod admission;
 mod call_task;
@@ -17,7 +17,7 @@ pub use call_task::CallRules;
 pub use connection::{ApiKey, ConnectError, Dial, SENT_URL};
 pub use voicehost_proto::call::FailurePolicy;
 
-use crate::sandbox::{AgentCode, CpuGroup};
+use crate::sandbox::AgentCode;
 use crate::stats::Stats;
 use connection::{Event, EventSink, Outbox};
 use std::collections::HashMap;
@@ -49,8 +49,6 @@ pub struct AgentConfig {
     pub connections: usize,
     /// The caps on concurrent calls this agent's calls fall under.
     pub admission: Admission,
-    /// Whose calls this agent's are weighed with for the calls' workers: its tenant's.
-    pub cpu: CpuGroup,
 }
 
 impl AgentConfig {
@@ -66,7 +64,6 @@ impl AgentConfig {
             deployment,
             connections,
             admission: Admission::default(),
-            cpu: CpuGroup::new(),
         }
     }
 }
@@ -104,7 +101,6 @@ struct Agent {
     events: connection::Events,
     deployment: watch::Receiver<Arc<Deployment>>,
     admission: Admission,
-    cpu: CpuGroup,
     stats: Arc<Stats>,
 }
 
@@ -142,7 +138,6 @@ pub async fn serve(
         events: Arc::new(Feed(me.clone())),
         deployment: config.deployment.clone(),
         admission: config.admission,
-        cpu: config.cpu,
         stats,
     });
     let mut deployments = config.deployment;
@@ -413,10 +408,14 @@ impl Agent {
                         admitted = permit.is_ok(),
                         "serving a call"
                     );
-                    crate::sandbox::spawn_call(
-                        &self.cpu,
-                        call_task::run(self.clone(), key, start, waker, deployment, permit),
-                    );
+                    crate::sandbox::spawn_call(call_task::run(
+                        self.clone(),
+                        key,
+                        start,
+                        waker,
+                        deployment,
+                        permit,
+                    ));
                 }
             }
         }

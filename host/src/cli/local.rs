@@ -5,7 +5,7 @@
 use super::transcript::{one_line, say};
 use crate::agent::{self, Admission, AgentConfig, CallRules, Deployment, Dial};
 use crate::sandbox::budget::Budget;
-use crate::sandbox::{AgentCode, CpuGroup, Sandbox};
+use crate::sandbox::{AgentCode, Sandbox};
 use crate::stats::{Forced, Stats};
 use anyhow::{bail, Context as _, Result};
 use sentdm_voice_agents::frames::{self, Frame, Party, SessionStart, UserSaid};
@@ -70,7 +70,6 @@ impl Local {
             connections: 1,
             admission: Admission::new(Vec::new())
                 .with_slots(Budget::new(POOL_CALLS as u64).part(agent_id)),
-            cpu: CpuGroup::new(),
         };
         let stats = Arc::new(Stats::default());
         let (stop, stopped) = watch::channel(false);

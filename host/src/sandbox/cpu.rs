@@ -1,13 +1,14 @@
-//! The guests' CPU. The calls' tasks (each runs its call's guest, one handler call at a time) run on
-//! workers of their own ([`super::scheduler`], which picks the least used call), beside the runtime that
-//! carries the host's I/O (connections to Sent, the admin API): a tokio worker busy with guests looks at its sockets only every so many task
+//! The guests' CPU. The calls' tasks (each runs its call's guest, one handler call at a time) run on a
+//! runtime of their own ([`spawn_call`]), beside the one that carries the host's I/O (connections to
+//! Sent, the admin API): a tokio worker busy with guests looks at its sockets only every so many task
 //! polls, so a connection's reader that shared workers with burning guests heard its socket tens of
 //! milliseconds late (measured: 62 ms at the median beside four guests each burning 150 ms a frame, and
 //! seconds before guests yielded every millisecond). The I/O threads, idle most of the time, are woken by
-//! the kernel as soon as a socket has data. On the calls' workers a running guest yields at every epoch
-//! tick ([`super::TICK`] while every worker is in a guest, [`super::IDLE_TICK`] otherwise), and the
-//! least used runnable call goes next: a call whose guest burns CPU is slowed (its own queues fill, then
-//! shed, as the limits say), and its neighbours wait at most a tick for a worker.
+//! the kernel as soon as a socket has data. On the calls' runtime a running guest yields its worker at
+//! every epoch tick ([`super::TICK`] while every worker is in a guest, [`super::IDLE_TICK`] otherwise),
+//! so busy calls take turns with light ones a millisecond at a time: a call whose guest burns CPU is
+//! slowed (its own queues fill, then shed, as the limits say), and its neighbours wait at most a few
+//! ticks for a worker.
 //!
 //! What a call's polls take is what its CPU deadline counts ([`Share::used`]): the guest's own code, the
 //! host's work inside its imports (copying a large list out of it) and for its HTTP requests in their
@@ -38,12 +39,11 @@ const CALLS_GLOBAL_QUEUE_INTERVAL: u32 = 1;
 static WORKERS: LazyLock<usize> =
     LazyLock::new(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get));
 
-/// The runtime of what the calls' tasks spawn and wait on (their tasks themselves run on the calls'
-/// workers, `scheduler.rs`).
+/// The runtime the calls' tasks run on.
 static CALLS: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(*WORKERS)
-        .thread_name("voicehost-calls-io")
+        .thread_name("voicehost-calls")
         .event_interval(CALLS_EVENT_INTERVAL)
         .global_queue_interval(CALLS_GLOBAL_QUEUE_INTERVAL)
         .enable_all()
@@ -54,18 +54,16 @@ static CALLS: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
 /// Guest polls in progress, over the process.
 static IN_GUEST: AtomicUsize = AtomicUsize::new(0);
 
-/// The tokio runtime the calls' workers ([`super::scheduler`]) enter: its timers, its sockets (a guest's
-/// HTTP requests) and the tasks a call spawns (those requests' connections).
-pub(super) fn calls_runtime() -> &'static tokio::runtime::Runtime {
-    &CALLS
+/// Runs a call's task (its guest, and what waits on it) on the calls' runtime.
+pub fn spawn_call<F>(task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    CALLS.spawn(task)
 }
 
-/// The calls' workers: one per core the process may use.
-pub(super) fn workers() -> usize {
-    *WORKERS
-}
-
-/// Whether every calls' worker is in a guest now: then a call that becomes runnable waits
+/// Whether every worker of the calls' runtime is in a guest now: then a call that becomes runnable waits
 /// for one of them to yield, and the epoch ticks at its finest.
 pub(super) fn contended() -> bool {
     IN_GUEST.load(Ordering::Relaxed) >= *WORKERS
@@ -203,5 +201,13 @@ mod tests {
         run(&share, async {}).await;
         share.restart();
         assert!(share.used() < 5_000_000, "counted once: {}", share.used());
+    }
+
+    #[tokio::test]
+    async fn a_calls_task_runs_on_the_calls_runtime() {
+        let name = spawn_call(async { std::thread::current().name().map(str::to_string) })
+            .await
+            .unwrap();
+        assert_eq!(name.as_deref(), Some("voicehost-calls"));
     }
 }

@@ -40,17 +40,16 @@ mod legacy;
 pub mod limits;
 mod native;
 pub mod outbound;
-mod scheduler;
 mod trap;
 mod world;
 
 pub use compile_input::Wasm;
 pub use compiler::{ChildCompiler, CompileBounds};
+pub use cpu::spawn_call;
 pub use engine::{blocking, AgentCode, LoadError, Sandbox};
 pub use instance::{Event, Instance, Outcome, Unmade, HANDLERS};
 pub use native::NativeAgent;
 pub use outbound::{HttpPolicy, Origin};
-pub use scheduler::{spawn_call, CpuGroup};
 pub use trap::{TrapKind, TrapReport};
 pub use world::World;
 

@@ -14,8 +14,7 @@ use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailureP
 use crate::content::{ensure_writable, remove_partials, Digest, Spool, Spooled};
 use crate::sandbox::budget::Budget;
 use crate::sandbox::{
-    blocking, AgentCode, ChildCompiler, CpuGroup, HttpPolicy, Limits, LoadError, Sandbox, Wasm,
-    World,
+    blocking, AgentCode, ChildCompiler, HttpPolicy, Limits, LoadError, Sandbox, Wasm, World,
 };
 use std::path::PathBuf;
 
@@ -134,8 +133,7 @@ fn reserve<'a>(slots: &Budget, memory: &Budget, tenants: impl Iterator<Item = &'
 pub struct UploadSlot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
 
 /// Each tenant by id, with the cap on its calls.
-/// Each tenant, its session cap's gate, and the group its calls' CPU is weighed in.
-type Tenants = BTreeMap<String, (Arc<Tenant>, Arc<Gate>, CpuGroup)>;
+type Tenants = BTreeMap<String, (Arc<Tenant>, Arc<Gate>)>;
 
 /// The multi-tenant host of `voicehost serve`: the tenants (from the config), the registry of their agents,
 /// the agents being served, and the compiling of uploads.
@@ -190,7 +188,7 @@ impl Tenancy {
             .into_iter()
             .map(|tenant| {
                 let gate = Gate::new(tenant.limits.max_sessions);
-                (tenant.id.clone(), (Arc::new(tenant), gate, CpuGroup::new()))
+                (tenant.id.clone(), (Arc::new(tenant), gate))
             })
             .collect();
         // Every directory the host writes, checked now: an upload must not be the first to find out.
@@ -228,7 +226,7 @@ impl Tenancy {
             Budget::new(config.max_calls as u64),
             Budget::new(config.guest_memory_bytes()),
         );
-        reserve(&slots, &memory, tenants.values().map(|(t, _, _)| &**t));
+        reserve(&slots, &memory, tenants.values().map(|(t, _)| &**t));
         Ok(Arc::new(Tenancy {
             metrics_token: RwLock::new(config.metrics_token()?),
             sandbox,
@@ -446,8 +444,8 @@ impl Tenancy {
             let mut next = BTreeMap::new();
             let mut rekeyed = Vec::new();
             for mut tenant in fresh {
-                let (gate, cpu) = match tenants.get(&tenant.id) {
-                    Some((old, gate, cpu)) => {
+                let gate = match tenants.get(&tenant.id) {
+                    Some((old, gate)) => {
                         // Lookups in flight hold the old places: the tenant keeps them, not 8 more.
                         tenant.http = Arc::new(HttpPolicy {
                             lookups: old.http.lookups.clone(),
@@ -457,22 +455,18 @@ impl Tenancy {
                             rekeyed.push(tenant.id.clone());
                         }
                         gate.set_cap(tenant.limits.max_sessions);
-                        (gate.clone(), cpu.clone())
+                        gate.clone()
                     }
-                    None => (Gate::new(tenant.limits.max_sessions), CpuGroup::new()),
+                    None => Gate::new(tenant.limits.max_sessions),
                 };
-                next.insert(tenant.id.clone(), (Arc::new(tenant), gate, cpu));
+                next.insert(tenant.id.clone(), (Arc::new(tenant), gate));
             }
             let gone: Vec<String> = tenants
                 .keys()
                 .filter(|id| !next.contains_key(*id))
                 .cloned()
                 .collect();
-            reserve(
-                &self.slots,
-                &self.memory,
-                next.values().map(|(t, _, _)| &**t),
-            );
+            reserve(&self.slots, &self.memory, next.values().map(|(t, _)| &**t));
             *tenants = next;
             (gone, rekeyed)
         };
@@ -533,7 +527,7 @@ impl Tenancy {
     pub fn tenant_by_token(&self, presented: &TokenHash) -> Option<String> {
         // Every tenant is checked, so the time taken does not tell which one matched.
         let mut found = None;
-        for (tenant, _, _) in self
+        for (tenant, _) in self
             .tenants
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -560,7 +554,7 @@ impl Tenancy {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
-            .map(|(tenant, _, _)| tenant.clone())
+            .map(|(tenant, _)| tenant.clone())
     }
 
     // ----- what the admin API asks -----
@@ -1188,7 +1182,7 @@ impl Tenancy {
             }
         }
         warn_if_deprecated(tenant, agent, deployment.version, &deployment.code);
-        let Some((tenant_config, tenant_gate, cpu)) = self
+        let Some((tenant_config, tenant_gate)) = self
             .tenants
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -1207,7 +1201,6 @@ impl Tenancy {
             deployment: receiver,
             connections: self.connections,
             admission: Admission::new(gates).with_slots(self.slots.part(tenant)),
-            cpu,
         };
         let (tenant_id, agent_id) = (tenant.to_string(), agent.to_string());
         let refused = Arc::new(Mutex::new(None));
