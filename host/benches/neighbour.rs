@@ -20,7 +20,9 @@ use voicehost::agent::Dial;
 use voicehost::agent::{self, AgentConfig, CallRules};
 use voicehost::sandbox::Sandbox;
 use voicehost::stats::Stats;
-use voicehost_testkit::{audio_frame as frame, echo_latencies, prober_call};
+use voicehost_testkit::{
+    audio_frame as frame, echo_latencies, paced_frames, prober_call, quantile,
+};
 
 /// Paced frames of the neighbour per run (8 s of audio).
 const FRAMES: usize = 400;
@@ -151,25 +153,13 @@ async fn run(
     });
     let recorder = sim.recorder();
     let from = recorder.len();
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    for number in 0..FRAMES {
-        tick.tick().await;
-        neighbour.send_audio(&frame(number));
-        for attacker in &attackers {
-            attacker.send_audio(&frame(number));
-        }
-    }
+    paced_frames(&neighbour, &attackers, FRAMES).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     sampler.abort();
 
     let mut latencies = echo_latencies(recorder, from, &neighbour.id);
     latencies.sort();
-    let at = |q: f64| {
-        latencies
-            .get(((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1))
-            .copied()
-            .unwrap_or(Duration::MAX)
-    };
+    let at = |q: f64| quantile(&latencies, q);
     let row = Row {
         echoes: latencies.len(),
         p50: at(0.5),

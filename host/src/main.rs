@@ -234,6 +234,9 @@ async fn run(args: RunArgs) -> Result<()> {
         .unwrap_or_else(limits::default_guest_memory_mib);
     limits::check_guest_memory_mib(guest_memory_mib)
         .map_err(|e| anyhow!("--guest-memory-mib {}", e.problem))?;
+    let mut rules = args.limits.rules()?;
+    // Every byte of the guests' linear memory is taken from it, as `serve`'s tenants' is.
+    rules.limits.host_memory = Some(Budget::new(guest_memory_mib << 20).part(&args.agent_id));
     let api_key = match &args.api_key_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the API key from {}", path.display()))?
@@ -260,9 +263,6 @@ async fn run(args: RunArgs) -> Result<()> {
             "the agent speaks a deprecated world, served through an adapter: rebuild it against voicehost:agent@0.2.0"
         );
     }
-    let mut rules = args.limits.rules()?;
-    // Every byte of the guests' linear memory is taken from it, as `serve`'s tenants' is.
-    rules.limits.host_memory = Some(Budget::new(guest_memory_mib << 20).part(&args.agent_id));
     let config = AgentConfig {
         // The pool's slots, one agent's alone (a call of a component with many memories takes more).
         admission: Admission::new(Vec::new())

@@ -322,7 +322,6 @@ fn a_component_over_the_pools_per_component_maxima_is_refused_when_it_is_loaded(
 async fn run_traps_a_guest_growing_past_its_guest_memory_budget() {
     use sentsim::sim::Account;
     use sentsim::{Sim, SimConfig};
-    use std::process::{Command, Stdio};
     let sim = Sim::start_local(SimConfig {
         accounts: vec![Account {
             api_key: crate::operator::KEY.into(),
@@ -333,42 +332,43 @@ async fn run_traps_a_guest_growing_past_its_guest_memory_budget() {
     .await
     .unwrap();
     // 16 MiB for every call's guests together, under the instance's own 64 MiB cap; one trap and the
-    // call gets its failure policy.
-    let mut run = Command::new(crate::operator::BIN)
+    // call gets its failure policy. Killed when dropped, on every path.
+    let mut command = std::process::Command::new(crate::operator::BIN);
+    command
         .args(["run", "--agent", voicehost_test_programs::HOG])
         .args(["--agent-id", "agent_budget", "--url", &sim.url()])
         .args(["--guest-memory-mib", "16", "--max-traps", "1"])
         .env("SENT_API_KEY", crate::operator::KEY)
-        .env_remove("VOICEHOST_CACHE_DIR")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let conn = tokio::time::timeout(Duration::from_secs(60), sim.connection())
-        .await
-        .expect("voicehost run did not connect")
-        .unwrap();
+        .env("RUST_LOG", "warn")
+        .env_remove("VOICEHOST_CACHE_DIR");
+    let (run, _) = crate::operator::Served::spawn(command);
+    let conn = sim.connection().await.unwrap();
     let mut call = conn.start_text();
     call.expect_say("Hello from the hog.").await.unwrap();
     // 20 MiB fit the instance's cap, not the host's budget: the growth traps, and the policy hangs up.
     call.say("take 20");
     call.expect_tool("hangup").await.unwrap();
-    let _ = run.kill();
-    let _ = run.wait();
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut stderr).unwrap();
-    assert!(stderr.contains("guest_memory_mib"), "{stderr}");
+    run.wait_for_log("guest_memory_mib");
+    drop(run);
     sim.shutdown();
 }
 
 #[test]
-fn run_refuses_a_guest_memory_budget_out_of_range_before_reading_anything() {
-    for (mib, problem) in [
-        ("8", "--guest-memory-mib = 8: use 16 to 16777216"),
+fn run_refuses_limits_out_of_range_before_reading_anything() {
+    // No API key and no component: each flag's own error must come first.
+    for (flag, value, problem) in [
         (
+            "--guest-memory-mib",
+            "8",
+            "--guest-memory-mib = 8: use 16 to 16777216",
+        ),
+        (
+            "--guest-memory-mib",
             "16777217",
             "--guest-memory-mib = 16777217: use 16 to 16777216",
         ),
+        ("--memory-mib", "0", "--memory-mib"),
+        ("--max-traps", "0", "--max-traps 0"),
     ] {
         let out = std::process::Command::new(crate::operator::BIN)
             .args([
@@ -378,14 +378,14 @@ fn run_refuses_a_guest_memory_budget_out_of_range_before_reading_anything() {
                 "--agent-id",
                 "agent_x",
             ])
-            .args(["--guest-memory-mib", mib])
+            .args([flag, value])
             .env_remove("SENT_API_KEY")
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && stderr.contains(problem),
-            "{stderr}"
+            "{flag} {value}: {stderr}"
         );
     }
 }

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 use voicehost::agent::CallRules;
-use voicehost_testkit::{audio_frame as frame, echo_latencies, guest, prober_call, Host};
+use voicehost_testkit::{
+    audio_frame as frame, echo_latencies, guest, paced_frames, prober_call, quantile, Host,
+};
 
 /// The bound the neighbour's echo stays within, at its 99th percentile. Alone it is about a millisecond
 /// on the 2-core machine the suite runs on, beside the four burners a few (`BENCHMARKS.md`); before the
@@ -31,15 +33,8 @@ async fn a_neighbours_echo_stays_prompt_beside_four_calls_burning_more_cpu_than_
 
     let recorder = host.sim.recorder();
     let from = recorder.len();
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
     const FRAMES: usize = 150;
-    for number in 0..FRAMES {
-        tick.tick().await;
-        neighbour.send_audio(&frame(number));
-        for burner in &burners {
-            burner.send_audio(&frame(number));
-        }
-    }
+    paced_frames(&neighbour, &burners, FRAMES).await;
     // Every echo back, or 5 s after the last frame.
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut latencies = loop {
@@ -51,10 +46,10 @@ async fn a_neighbours_echo_stays_prompt_beside_four_calls_burning_more_cpu_than_
     };
     assert_eq!(latencies.len(), FRAMES, "echoes lost beside the burners");
     latencies.sort();
-    let p99 = latencies[(FRAMES * 99).div_ceil(100) - 1];
+    let p99 = quantile(&latencies, 0.99);
     println!(
         "neighbour beside 4 burners: p50 {:?}, p99 {p99:?}",
-        latencies[FRAMES / 2]
+        quantile(&latencies, 0.5)
     );
     assert!(
         p99 <= NEIGHBOUR_P99_BOUND,

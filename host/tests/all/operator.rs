@@ -28,11 +28,25 @@ pub(crate) struct Served {
 
 impl Served {
     pub(crate) fn start(config: &Path) -> Served {
-        let mut child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .args(["serve", "--config"])
             .arg(config)
             // Everything the host and its libraries log at debug, to be sure none of it holds a secret.
-            .env("RUST_LOG", "debug")
+            .env("RUST_LOG", "debug");
+        let (mut served, addr) = Served::spawn(command);
+        // On a panic here `served` is dropped, and the child killed with it.
+        let addr = addr
+            .recv_timeout(Duration::from_secs(30))
+            .expect("voicehost says where its admin API listens");
+        served.admin = format!("http://{addr}");
+        served
+    }
+
+    /// `command` (`voicehost` and its arguments) running, its stderr collected line by line, killed when
+    /// dropped; the receiver gets the admin API's address if it says one.
+    pub(crate) fn spawn(mut command: Command) -> (Served, std::sync::mpsc::Receiver<String>) {
+        let mut child = command
             .env_remove("RUST_BACKTRACE")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -57,18 +71,13 @@ impl Served {
                 }
             }
         });
-        let mut served = Served {
+        let served = Served {
             child,
             log,
             reader: Some(reader),
             admin: String::new(),
         };
-        // On a panic here `served` is dropped, and the child killed with it.
-        let addr = addr
-            .recv_timeout(Duration::from_secs(30))
-            .expect("voicehost says where its admin API listens");
-        served.admin = format!("http://{addr}");
-        served
+        (served, addr)
     }
 
     pub(crate) async fn healthy(&self) {

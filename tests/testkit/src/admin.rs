@@ -19,11 +19,13 @@ pub async fn send(
     token: Option<&str>,
     body: Vec<u8>,
 ) -> Result<(u16, Value)> {
-    send_from([127, 0, 0, 1], base, method, path, token, body).await
+    let authority = authority(base)?;
+    let stream = tokio::net::TcpStream::connect(authority).await?;
+    exchange(stream, authority, method, path, token, body).await
 }
 
-/// [`send`] from the loopback address `source` (127.0.0.0/8): another client, as the admin listener's
-/// per-address limits see it.
+/// [`send`] from the loopback address `source` (127.0.0.0/8) to an IPv4 `base`: another client, as the
+/// admin listener's per-address limits see it.
 pub async fn send_from(
     source: [u8; 4],
     base: &str,
@@ -32,16 +34,30 @@ pub async fn send_from(
     token: Option<&str>,
     body: Vec<u8>,
 ) -> Result<(u16, Value)> {
-    let authority = base
-        .strip_prefix("http://")
-        .ok_or_else(|| anyhow!("not an http:// address: {base}"))?;
+    let authority = authority(base)?;
     let socket = tokio::net::TcpSocket::new_v4()?;
+    // Many short connections from one address: its ports in TIME_WAIT may be bound again.
+    socket.set_reuseaddr(true)?;
     socket.bind((source, 0).into())?;
-    let address = tokio::net::lookup_host(authority)
-        .await?
-        .find(std::net::SocketAddr::is_ipv4)
-        .ok_or_else(|| anyhow!("no IPv4 address for {authority}"))?;
-    let stream = socket.connect(address).await?;
+    let stream = socket.connect(authority.parse()?).await?;
+    exchange(stream, authority, method, path, token, body).await
+}
+
+/// `base` without its `http://`.
+fn authority(base: &str) -> Result<&str> {
+    base.strip_prefix("http://")
+        .ok_or_else(|| anyhow!("not an http:// address: {base}"))
+}
+
+/// One request and its answer on `stream`.
+async fn exchange(
+    stream: tokio::net::TcpStream,
+    authority: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Vec<u8>,
+) -> Result<(u16, Value)> {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     let mut builder = hyper::Request::builder()

@@ -50,3 +50,24 @@ pub fn echo_latencies(recorder: &Recorder, from: usize, session: &str) -> Vec<Du
     }
     latencies
 }
+
+/// Sends `frames` caller frames 20 ms apart (numbered from 0, [`audio_frame`]) on `call`, and the same on
+/// each of `beside`, as a phone line does.
+pub async fn paced_frames(call: &Call, beside: &[Call], frames: usize) {
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    for number in 0..frames {
+        tick.tick().await;
+        call.send_audio(&audio_frame(number));
+        for other in beside {
+            other.send_audio(&audio_frame(number));
+        }
+    }
+}
+
+/// The `q` quantile (0 to 1) of `sorted`, by rank; `Duration::MAX` when it is empty.
+pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    sorted
+        .get(((sorted.len() as f64 * q).ceil() as usize).saturating_sub(1))
+        .copied()
+        .unwrap_or(Duration::MAX)
+}

@@ -10,7 +10,7 @@ mod hosting;
 mod native;
 mod quiet;
 
-pub use echo::{audio_frame, echo_latencies, prober_call};
+pub use echo::{audio_frame, echo_latencies, paced_frames, prober_call, quantile};
 pub use host::{guest, init_tracing, sandbox, Host};
 pub use hosting::{metric, request, Hosting, ACME_KEY, ACME_TOKEN, GLOBEX_KEY, GLOBEX_TOKEN};
 pub use native::NativeConformance;
