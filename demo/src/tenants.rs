@@ -162,6 +162,7 @@ async fn tour(dir: &Path) -> Result<()> {
             compilations: &hosted.tenancy.compilations,
             cache_loads: &hosted.tenancy.cache_loads,
             admin_refused: &hosted.tenancy.admin_refused,
+            cluster: None,
         }),
     );
     println!("\nfrom /metrics:");

@@ -413,3 +413,10 @@ mod spool_tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// Now, in Unix seconds (0 for a clock before 1970).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -22,6 +22,9 @@ pub struct HostCounts<'a> {
     pub cache_loads: &'a Counter,
     /// Connections the admin listener closed at once: it was full, or their client had too many open.
     pub admin_refused: &'a Counter,
+    /// In a cluster: whether the shared registry can be reached, and how many other hosts' changes to
+    /// it this host has taken.
+    pub cluster: Option<(bool, &'a Counter)>,
 }
 
 /// A series of each agent: its name (a counter's without `_total`, which the encoder adds), its help, how to
@@ -159,6 +162,9 @@ pub fn render(agents: &[(String, String, Arc<Stats>)], host: Option<HostCounts<'
             compilations: host.compilations.clone(),
             cache_loads: host.cache_loads.clone(),
             admin_refused: host.admin_refused.clone(),
+            cluster: host
+                .cluster
+                .map(|(reachable, changes)| (reachable, changes.clone())),
         }));
     }
     let mut out = String::new();
@@ -234,6 +240,7 @@ struct Host {
     compilations: Counter,
     cache_loads: Counter,
     admin_refused: Counter,
+    cluster: Option<(bool, Counter)>,
 }
 
 impl Collector for Host {
@@ -269,6 +276,21 @@ impl Collector for Host {
                 counter.metric_type(),
             )?)?;
         }
+        if let Some((reachable, changes)) = &self.cluster {
+            let gauge = ConstGauge::new(i64::from(*reachable));
+            gauge.encode(encoder.encode_descriptor(
+                "cluster_registry_reachable",
+                "1 while the cluster's shared registry (NATS) can be reached, 0 while it cannot.",
+                None,
+                gauge.metric_type(),
+            )?)?;
+            changes.encode(encoder.encode_descriptor(
+                "cluster_registry_changes",
+                "Other hosts' changes to the shared registry this host has taken.",
+                None,
+                changes.metric_type(),
+            )?)?;
+        }
         Ok(())
     }
 }
@@ -293,6 +315,7 @@ mod tests {
                 compilations: &counts.0,
                 cache_loads: &counts.1,
                 admin_refused: &counts.2,
+                cluster: Some((true, &counts.1)),
             }),
         );
         for line in [

@@ -16,7 +16,8 @@ pub mod views;
 use crate::sandbox::wit::{self, Direction};
 use crate::sandbox::{blocking, LoadError};
 use crate::tenancy::{
-    AgentRecord, RegistryError, ServeError, Tenancy, TokenHash, VersionRecord, MAX_TOKEN_BYTES,
+    AgentRecord, RegistryError, ServeError, StoreError, Tenancy, TokenHash, VersionRecord,
+    MAX_TOKEN_BYTES,
 };
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
@@ -249,6 +250,9 @@ pub fn error_code(error: &ServeError) -> ErrorCode {
             ErrorCode::NotFound
         }
         ServeError::Registry(RegistryError::Conflict(_)) => ErrorCode::Conflict,
+        ServeError::Registry(RegistryError::Store(StoreError::Unavailable(_))) => {
+            ErrorCode::Unavailable
+        }
         ServeError::OverQuota(_) => ErrorCode::OverQuota,
         ServeError::NoTenant(_) => ErrorCode::Unauthorized,
         ServeError::Registry(_)
@@ -369,12 +373,14 @@ fn agent_view(tenancy: &Tenancy, tenant: &str, agent_id: String, record: AgentRe
         .map(|v| version_view(v, record.active == Some(v.version)))
         .collect();
     let (status, status_detail) = tenancy.status(tenant, &agent_id);
+    let served_version = tenancy.served_version(tenant, &agent_id);
     AgentView {
         status,
         status_detail,
         live_sessions: tenancy.live_sessions(tenant, &agent_id) as u64,
         agent_id,
         active_version: record.active,
+        served_version,
         failure_policy: record.failure_policy,
         versions,
     }
@@ -445,7 +451,13 @@ async fn healthz(State(tenancy): State<Arc<Tenancy>>) -> (StatusCode, Json<Healt
     if tenancy.ready() {
         let agents = tenancy.stats().len() as u64;
         let loading = tenancy.loading_count() as u64;
-        (StatusCode::OK, Json(Health::Ok { agents, loading }))
+        let registry_reachable = tenancy.clustered().then(|| tenancy.registry_reachable());
+        let health = Health::Ok {
+            agents,
+            loading,
+            registry_reachable,
+        };
+        (StatusCode::OK, Json(health))
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, Json(Health::Starting))
     }
@@ -532,6 +544,9 @@ async fn rendered(tenancy: &Arc<Tenancy>, tenant: Option<&str>) -> Response {
             compilations: &host.compilations,
             cache_loads: &host.cache_loads,
             admin_refused: &host.admin_refused,
+            cluster: host
+                .clustered()
+                .then(|| (host.registry_reachable(), &host.cluster_changes)),
         });
         metrics::render(&stats, counts)
     })

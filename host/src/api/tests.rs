@@ -194,7 +194,8 @@ async fn health_is_503_starting_until_the_server_has_started() {
         serde_json::from_value::<Health>(body).unwrap(),
         Health::Ok {
             agents: 0,
-            loading: 0
+            loading: 0,
+            registry_reachable: None,
         }
     );
 }
@@ -523,7 +524,8 @@ async fn after_an_upgrade_emptied_the_cache_the_host_is_ready_and_one_tenants_co
         serde_json::from_value::<Health>(body).unwrap(),
         Health::Ok {
             agents: 0,
-            loading: 2
+            loading: 2,
+            registry_reachable: None,
         }
     );
     assert_eq!(status_of(&tenancy, ACME, "agent_a").await, "loading");

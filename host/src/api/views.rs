@@ -44,6 +44,12 @@ pub struct AgentView {
     /// The version new calls get; `null` while no version is active (the agent serves no calls).
     #[schema(minimum = 1)]
     pub active_version: Option<u32>,
+    /// The version this host gives new calls now: the active version once it is loaded here. In a
+    /// cluster, right after another host made another version active, this host serves the one before
+    /// until it has compiled the new one (a few seconds at most). `null` while this host does not serve the
+    /// agent.
+    #[schema(minimum = 1)]
+    pub served_version: Option<u32>,
     /// What happens to a call the agent cannot serve.
     pub failure_policy: FailurePolicy,
     /// Calls in progress on this agent, whatever their version.
@@ -201,6 +207,11 @@ pub enum Health {
         /// Active agents still waiting for their version to compile (after an upgrade emptied the
         /// compiled cache); each is served once compiled, and its tenant sees it as `loading`.
         loading: u64,
+        /// In a cluster (`[cluster]`), whether the shared registry on NATS can be reached: when not, the
+        /// host still serves its calls and the registry it last saw, and refuses admin changes (503)
+        /// until NATS is back. Left out for a host with a registry of its own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        registry_reachable: Option<bool>,
     },
     /// The host is still loading the active versions (503).
     Starting,
@@ -277,11 +288,14 @@ pub enum ErrorCode {
     Timeout,
     /// 500: the host failed; the operator's log says why.
     Internal,
+    /// 503: in a cluster, the shared registry cannot be reached now (NATS down or cut off from this
+    /// host): nothing was changed. The host keeps serving what it last saw; try again, or another host.
+    Unavailable,
 }
 
 impl ErrorCode {
     /// Every code, in the order declared.
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 15] = [
         ErrorCode::Unauthorized,
         ErrorCode::NotFound,
         ErrorCode::BadRequest,
@@ -296,6 +310,7 @@ impl ErrorCode {
         ErrorCode::Busy,
         ErrorCode::Timeout,
         ErrorCode::Internal,
+        ErrorCode::Unavailable,
     ];
 
     /// The name on the wire.
@@ -315,6 +330,7 @@ impl ErrorCode {
             ErrorCode::Busy => "busy",
             ErrorCode::Timeout => "timeout",
             ErrorCode::Internal => "internal",
+            ErrorCode::Unavailable => "unavailable",
         }
     }
 
@@ -333,6 +349,7 @@ impl ErrorCode {
             ErrorCode::Busy => 429,
             ErrorCode::Timeout => 408,
             ErrorCode::Internal => 500,
+            ErrorCode::Unavailable => 503,
         }
     }
 }
@@ -380,6 +397,7 @@ mod tests {
             status: AgentStatus::Serving,
             status_detail: None,
             active_version: Some(2),
+            served_version: Some(2),
             failure_policy: "transfer:number:+14155550100".parse().unwrap(),
             live_sessions: 3,
             versions: vec![version(1, false), version(2, true)],
@@ -388,7 +406,7 @@ mod tests {
         exactly(
             &serving,
             &format!(
-                r#"{{"agent_id":"agent_abc123","status":"serving","active_version":2,"failure_policy":{{"action":"transfer","to":{{"kind":"number","value":"+14155550100"}}}},"live_sessions":3,"versions":[{{"version":1,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"world":"voicehost:agent@0.2.0","deprecated":false,"active":false}},{{"version":2,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"world":"voicehost:agent@0.2.0","deprecated":false,"active":true}}]}}"#
+                r#"{{"agent_id":"agent_abc123","status":"serving","active_version":2,"served_version":2,"failure_policy":{{"action":"transfer","to":{{"kind":"number","value":"+14155550100"}}}},"live_sessions":3,"versions":[{{"version":1,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"world":"voicehost:agent@0.2.0","deprecated":false,"active":false}},{{"version":2,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"world":"voicehost:agent@0.2.0","deprecated":false,"active":true}}]}}"#
             ),
         );
         let refused = AgentView {
@@ -396,6 +414,7 @@ mod tests {
             status: AgentStatus::Refused,
             status_detail: Some("Sent refused the connection (401)".into()),
             active_version: None,
+            served_version: None,
             failure_policy: FailurePolicy::HangUp,
             live_sessions: 0,
             versions: vec![],
@@ -404,7 +423,7 @@ mod tests {
             &AgentList {
                 agents: vec![refused],
             },
-            r#"{"agents":[{"agent_id":"agent_new","status":"refused","status_detail":"Sent refused the connection (401)","active_version":null,"failure_policy":{"action":"hangup"},"live_sessions":0,"versions":[]}]}"#,
+            r#"{"agents":[{"agent_id":"agent_new","status":"refused","status_detail":"Sent refused the connection (401)","active_version":null,"served_version":null,"failure_policy":{"action":"hangup"},"live_sessions":0,"versions":[]}]}"#,
         );
         exactly(&AgentList { agents: vec![] }, r#"{"agents":[]}"#);
         for status in [
@@ -464,8 +483,17 @@ mod tests {
             &Health::Ok {
                 agents: 2,
                 loading: 1,
+                registry_reachable: None,
             },
             r#"{"status":"ok","agents":2,"loading":1}"#,
+        );
+        exactly(
+            &Health::Ok {
+                agents: 2,
+                loading: 0,
+                registry_reachable: Some(false),
+            },
+            r#"{"status":"ok","agents":2,"loading":0,"registry_reachable":false}"#,
         );
         exactly(&Health::Starting, r#"{"status":"starting"}"#);
         exactly(

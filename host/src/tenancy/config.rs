@@ -52,6 +52,96 @@ pub struct ServeConfig {
     /// The tenants (`[[tenants]]`), as written; [`ServeConfig::tenants()`] reads and checks them.
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
+    /// Cluster mode (`[cluster]`): the registry shared with other hosts through NATS JetStream. Left out,
+    /// the registry is this host's own, under `data_dir`.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: the NATS servers every host of the cluster shares, and who this host is among them. The
+/// registry's index is a JetStream KV bucket and the components an object store; the compiled cache stays
+/// on each host (compiled code is never shared).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// NATS URLs (`nats://host:port` or `tls://host:port`); the client also learns the cluster's others.
+    pub servers: Vec<String>,
+    /// A NATS credentials file (a user JWT and its nkey seed), relative to the config's directory.
+    pub credentials: Option<PathBuf>,
+    /// This host's name in the cluster (1–64 of `A-Z a-z 0-9 _ -`); the machine's hostname (a pod's
+    /// name) when left out.
+    pub host_id: Option<String>,
+    /// The first part of the buckets' names: `PREFIX-registry` (KV) and `PREFIX-components` (objects).
+    #[serde(default = "default_bucket_prefix")]
+    pub bucket_prefix: String,
+    /// Copies JetStream keeps of each bucket, when this host creates them (1, 3 or 5; 1).
+    #[serde(default = "default_replicas")]
+    pub replicas: usize,
+}
+
+fn default_bucket_prefix() -> String {
+    "voicehost".into()
+}
+
+fn default_replicas() -> usize {
+    1
+}
+
+impl ClusterConfig {
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !self.servers.is_empty() && self.servers.len() <= 64,
+            "cluster.servers: name 1 to 64 NATS servers"
+        );
+        for server in &self.servers {
+            let scheme = server.split_once("://").map(|(scheme, _)| scheme);
+            anyhow::ensure!(
+                matches!(scheme, Some("nats" | "tls")) && server.len() <= 512,
+                "cluster.servers: {server:?} is not a nats:// or tls:// URL"
+            );
+        }
+        if let Some(id) = &self.host_id {
+            anyhow::ensure!(
+                valid_id(id),
+                "cluster.host_id = {id:?}: use 1–64 letters, digits, `_` or `-`"
+            );
+        }
+        anyhow::ensure!(
+            valid_id(&self.bucket_prefix) && self.bucket_prefix.len() <= 32,
+            "cluster.bucket_prefix = {:?}: use 1–32 letters, digits, `_` or `-`",
+            self.bucket_prefix
+        );
+        anyhow::ensure!(
+            matches!(self.replicas, 1 | 3 | 5),
+            "cluster.replicas = {}: use 1, 3 or 5",
+            self.replicas
+        );
+        Ok(())
+    }
+
+    /// This host's id: `host_id`, or the machine's hostname made into one.
+    pub fn host_id(&self) -> String {
+        if let Some(id) = &self.host_id {
+            return id.clone();
+        }
+        let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let id: String = name
+            .trim()
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .take(64)
+            .collect();
+        if id.is_empty() {
+            format!("host-{}", std::process::id())
+        } else {
+            id
+        }
+    }
 }
 
 /// `[compile]`: what compiling one upload may cost, and how many compile at once. Each compile runs in a
@@ -716,6 +806,9 @@ impl ServeConfig {
         let mut paths = vec![("data_dir".to_string(), Some(&mut self.data_dir))];
         paths.push(("admin.tls_cert".into(), admin.tls_cert.as_mut()));
         paths.push(("admin.tls_key".into(), admin.tls_key.as_mut()));
+        if let Some(cluster) = &mut self.cluster {
+            paths.push(("cluster.credentials".into(), cluster.credentials.as_mut()));
+        }
         for tenant in &mut self.tenants {
             let key = format!("tenant {:?}: api_key_file", tenant.id);
             paths.push((key, tenant.api_key_file.as_mut()));
@@ -752,6 +845,9 @@ impl ServeConfig {
         config.compile.check()?;
         config.admin.check()?;
         config.quota.resolve()?;
+        if let Some(cluster) = &config.cluster {
+            cluster.check()?;
+        }
         Ok(config)
     }
 

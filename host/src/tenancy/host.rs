@@ -3,15 +3,17 @@
 //! admin API activates, rolls back, or deletes versions. Registry changes happen one at a time, under one
 //! lock; serving calls never takes it.
 
+use super::cluster::NatsStore;
 use super::compiling::{CompileQueue, Payer, Turn, UploadSlots};
 use super::config::{reservations_fit, ServeConfig, Tenant, TokenHash};
 use super::quota::{Quota, Usage};
 use super::rates::Rates;
 use super::registry::{
-    AgentRecord, DiskStore, Registry, RegistryError, StoreError, Uploaded, VersionRecord,
+    AgentRecord, ComponentStore, DiskStore, Registry, RegistryError, StoreError, Uploaded,
+    VersionRecord,
 };
 use crate::agent::{Admission, AgentConfig, CallRules, Deployment, Dial, FailurePolicy, Gate};
-use crate::content::{ensure_writable, remove_partials, Digest, Spool, Spooled};
+use crate::content::{ensure_writable, remove_partials, unix_now, Digest, Spool, Spooled};
 use crate::sandbox::budget::Budget;
 use crate::sandbox::{
     blocking, AgentCode, ChildCompiler, HttpPolicy, Limits, LoadError, Sandbox, Wasm, World,
@@ -150,6 +152,10 @@ pub struct Tenancy {
     tenants: RwLock<Tenants>,
     metrics_token: RwLock<Option<TokenHash>>,
     registry: Arc<tokio::sync::Mutex<Registry>>,
+    /// The registry's store when other hosts share it (`[cluster]`): followed for their changes.
+    shared: Option<Arc<dyn ComponentStore>>,
+    /// Other hosts' changes to the shared registry this host has taken (see [`Tenancy::follow`]).
+    pub cluster_changes: Counter,
     running: Mutex<BTreeMap<(String, String), Running>>,
     /// Active agents not served yet because their version is being compiled (at start, or after a
     /// reload adds their tenant): shown as `loading`.
@@ -202,9 +208,15 @@ impl Tenancy {
             ensure_writable(&dir)
                 .map_err(|e| anyhow::anyhow!("data_dir: cannot write in {}: {e}", dir.display()))?;
         }
-        let store = DiskStore::new(config.data_dir.join("components"))
-            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", config.data_dir.display()))?;
-        let registry = Registry::open(Arc::new(store))?;
+        let store: Arc<dyn ComponentStore> =
+            match &config.cluster {
+                Some(cluster) => Arc::new(NatsStore::connect(cluster)?),
+                None => Arc::new(DiskStore::new(config.data_dir.join("components")).map_err(
+                    |e| anyhow::anyhow!("cannot open {}: {e}", config.data_dir.display()),
+                )?),
+            };
+        let shared = store.changes().is_some().then(|| store.clone());
+        let registry = Registry::open(store)?;
         // Uploads are received here: what a killed host left is removed.
         let uploads_dir = config.data_dir.join("uploads");
         remove_partials(&uploads_dir)
@@ -236,6 +248,8 @@ impl Tenancy {
             memory,
             tenants: RwLock::new(tenants),
             registry: Arc::new(tokio::sync::Mutex::new(registry)),
+            shared,
+            cluster_changes: Counter::default(),
             running: Mutex::new(BTreeMap::new()),
             loading: Mutex::new(BTreeSet::new()),
             background: Mutex::new(Vec::new()),
@@ -273,6 +287,142 @@ impl Tenancy {
             "serving"
         );
         self.compile_in_background(to_compile);
+        self.follow_cluster();
+    }
+
+    /// In cluster mode, takes every change other hosts make to the shared registry as it comes
+    /// ([`Tenancy::take_changes`]), and sweeps the components no version refers to now and then; in a
+    /// task [`Tenancy::shutdown`] stops.
+    fn follow_cluster(self: &Arc<Tenancy>) {
+        let Some(mut changes) = self.shared.as_ref().and_then(|store| store.changes()) else {
+            return;
+        };
+        let tenancy = self.clone();
+        let task = tokio::spawn(async move {
+            let mut sweep = tokio::time::interval(SWEEP_EVERY);
+            sweep.tick().await;
+            loop {
+                tokio::select! {
+                    changed = changes.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        tenancy.take_changes().await;
+                    }
+                    _ = sweep.tick() => tenancy.sweep().await,
+                }
+            }
+        });
+        self.background().push(task);
+    }
+
+    /// Reads the shared registry again and serves what it now says: an agent deleted or deactivated on
+    /// another host stops here too (its calls go to Sent's fallback, as on the host that deleted it), one
+    /// whose active version changed switches to it once it is compiled (new calls only: live calls finish
+    /// on theirs), a new active agent is served, and a changed failure policy applies to new calls.
+    pub(crate) async fn take_changes(self: &Arc<Tenancy>) {
+        let registry = self.registry.clone().lock_owned().await;
+        let (registry, refreshed) = match written(registry, Registry::refresh).await {
+            Ok(done) => done,
+            Err(error) => {
+                tracing::warn!(%error, "cluster: cannot read the registry's index");
+                return;
+            }
+        };
+        let unused = match refreshed {
+            Ok(Some(unused)) => unused,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%error, "cluster: cannot read the registry's index");
+                return;
+            }
+        };
+        self.cluster_changes.inc();
+        unused.iter().for_each(|digest| self.sandbox.forget(digest));
+        let mut stopping = Vec::new();
+        let mut switching = Vec::new();
+        {
+            let mut running = self.running();
+            let keys: Vec<(String, String)> = running.keys().cloned().collect();
+            for (tenant, agent) in keys {
+                let record = registry.agent(&tenant, &agent).ok();
+                let active = record.and_then(|r| r.active.and_then(|v| r.version(v)));
+                let served = &running[&key(&tenant, &agent)];
+                let current = served.deployment.borrow().clone();
+                match (record, active) {
+                    (Some(record), Some(version)) if version.version == current.version => {
+                        served.deployment.send_replace(Arc::new(Deployment {
+                            version: current.version,
+                            code: current.code.clone(),
+                            rules: self.rules(&tenant, &agent, record),
+                        }));
+                    }
+                    (Some(_), Some(version)) => switching.push((tenant, agent, version.clone())),
+                    _ => stopping.extend(running.remove(&key(&tenant, &agent))),
+                }
+            }
+        }
+        tracing::info!(
+            revision = registry.revision(),
+            stopping = stopping.len(),
+            switching = switching.len(),
+            "cluster: another host changed the registry"
+        );
+        drop(registry);
+        stop_all(stopping).await;
+        let to_compile = self.serve_cached().await;
+        self.compile_in_background(to_compile);
+        if !switching.is_empty() {
+            let tenancy = self.clone();
+            let task = tokio::spawn(async move { tenancy.switch_to(switching).await });
+            self.background().push(task);
+        }
+    }
+
+    /// Serves each of these versions in place of the one its agent serves now, once it is compiled (the
+    /// old one keeps serving meanwhile), if it is still the active one then.
+    async fn switch_to(self: &Arc<Tenancy>, versions: Vec<(String, String, VersionRecord)>) {
+        let each = versions.into_iter().map(|(tenant, agent, version)| async move {
+            match self.code(&tenant, &agent, version.version, Payer::Host).await {
+                Ok((code, _)) => self.serve_if_active(&tenant, &agent, &version, code).await,
+                Err(error) => {
+                    tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the version another host made active")
+                }
+            }
+        });
+        futures_util::future::join_all(each).await;
+    }
+
+    /// Deletes the shared store's components no version refers to (an upload that failed after its put,
+    /// a deletion whose component was still young): see [`super::cluster::DELETE_AFTER`].
+    async fn sweep(&self) {
+        let registry = self.registry.clone().lock_owned().await;
+        match written(registry, |r| r.sweep()).await {
+            Ok((_, Ok(asked))) if !asked.is_empty() => {
+                tracing::debug!(components = asked.len(), "cluster: swept unused components")
+            }
+            Ok((_, Err(error))) | Err(error) => {
+                tracing::warn!(%error, "cluster: cannot sweep unused components")
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the registry can be changed now: in cluster mode, whether NATS is reachable (if not, the
+    /// host keeps serving what it last saw, and admin changes are refused with 503).
+    pub fn registry_reachable(&self) -> bool {
+        self.shared.as_ref().is_none_or(|store| store.reachable())
+    }
+
+    /// Whether the registry is shared with other hosts (`[cluster]`).
+    pub fn clustered(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    fn background(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+        let mut background = self.background.lock().unwrap_or_else(|p| p.into_inner());
+        background.retain(|task| !task.is_finished());
+        background
     }
 
     /// [`Tenancy::compile_and_serve`] in a task of its own, which [`Tenancy::shutdown`] stops.
@@ -294,9 +444,7 @@ impl Tenancy {
                 "the active versions that had to be compiled are loaded"
             );
         });
-        let mut background = self.background.lock().unwrap_or_else(|p| p.into_inner());
-        background.retain(|task| !task.is_finished());
-        background.push(task);
+        self.background().push(task);
     }
 
     /// Serves the active versions in the compiled cache that are not served yet; returns the others
@@ -377,9 +525,11 @@ impl Tenancy {
         let Ok(record) = registry.agent(tenant, agent) else {
             return;
         };
-        if record.active != Some(version.version)
-            || self.running().contains_key(&key(tenant, agent))
-        {
+        let served = self
+            .running()
+            .get(&key(tenant, agent))
+            .map(|running| running.deployment.borrow().version);
+        if record.active != Some(version.version) || served == Some(version.version) {
             return;
         }
         let still = self.still_fits(
@@ -785,7 +935,7 @@ impl Tenancy {
         let (t, a) = key(tenant, agent);
         let (registry, done) = written(registry, move |r| match switch {
             Switch::Activate => r.activate(&t, &a, version),
-            Switch::Rollback => r.rollback(&t, &a).map(drop),
+            Switch::Rollback => r.roll_back_to(&t, &a, Some(version)).map(drop),
         })
         .await?;
         done?;
@@ -952,6 +1102,14 @@ impl Tenancy {
         } else {
             (AgentStatus::Connecting, None)
         }
+    }
+
+    /// The version the agent's new calls get on this host, while it is served.
+    pub fn served_version(&self, tenant: &str, agent: &str) -> Option<u32> {
+        self.running()
+            .get(&key(tenant, agent))
+            .filter(|running| !running.task.is_finished())
+            .map(|running| running.deployment.borrow().version)
     }
 
     /// How many calls the agent serves now.
@@ -1294,6 +1452,10 @@ fn warn_if_deprecated(tenant: &str, agent: &str, version: u32, code: &AgentCode)
     }
 }
 
+/// How often a host of a cluster deletes the shared components no version refers to (see
+/// [`super::cluster::DELETE_AFTER`]).
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
+
 /// How long stopping agents waits for their connections to close.
 const STOP_WITHIN: Duration = Duration::from_secs(5);
 
@@ -1312,10 +1474,4 @@ pub fn check_agent_id(agent: &str) -> Result<(), ServeError> {
             super::config::AGENT_ID_RULE
         )))
     }
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

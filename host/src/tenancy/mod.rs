@@ -3,6 +3,7 @@
 //! agent per active version: upload, activation, rollback, deletion, the failure policy) and [`compiling`]
 //! (whose compile runs when).
 
+mod cluster;
 mod compiling;
 mod config;
 mod host;
@@ -11,9 +12,9 @@ mod rates;
 mod registry;
 
 pub use config::{
-    token_sha256, valid_agent_id, AdminConfig, KeySource, ServeConfig, Tenant, TokenHash,
-    AGENT_ID_RULE, MAX_API_KEY_BYTES, MAX_CONNECTIONS, MAX_TOKEN_BYTES,
+    token_sha256, valid_agent_id, AdminConfig, ClusterConfig, KeySource, ServeConfig, Tenant,
+    TokenHash, AGENT_ID_RULE, MAX_API_KEY_BYTES, MAX_CONNECTIONS, MAX_TOKEN_BYTES,
 };
 pub use host::{check_agent_id, AgentStatus, ServeError, Tenancy, UploadSlot};
 pub use quota::{Quota, Usage};
-pub use registry::{AgentRecord, RegistryError, VersionRecord};
+pub use registry::{AgentRecord, RegistryError, StoreError, VersionRecord};

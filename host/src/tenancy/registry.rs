@@ -1,6 +1,8 @@
 //! Tenants' agents and their versions: components content-addressed by SHA-256 and one index document,
-//! both behind [`ComponentStore`] so a shared object store can stand in for the disk later. Every change to
-//! the index is written whole and atomically: after a crash the registry is the one before or after it.
+//! both behind [`ComponentStore`]: this host's disk ([`DiskStore`]), or the cluster's JetStream buckets
+//! (`cluster::NatsStore`). Every change to the index is written whole and atomically, and only over the
+//! revision it was made from (compare and swap): after a crash the registry is the one before or after it,
+//! and of two hosts changing it at once, the second makes its change again on the first's.
 
 use super::quota::Usage;
 use crate::content::{remove_partials, write_atomically, Digest, Spooled};
@@ -23,6 +25,21 @@ pub enum StoreError {
     /// The disk (or what stands in for it) failed.
     #[error("the component store failed: {0}")]
     Io(#[from] std::io::Error),
+    /// The shared store cannot be reached now (NATS down or cut off): nothing was changed.
+    #[error("the cluster's registry cannot be reached now ({0}): nothing was changed; try again")]
+    Unavailable(String),
+    /// The index was changed by another host since it was read: read it again and redo the change.
+    #[error("the registry's index changed meanwhile")]
+    Stale,
+}
+
+/// The index document as the store holds it, and the revision it is at (0 before the first write).
+#[derive(Debug, Clone, Default)]
+pub struct StoredIndex {
+    /// The document, `None` before the first write.
+    pub bytes: Option<Vec<u8>>,
+    /// Grows with every write; what a write names to replace.
+    pub revision: u64,
 }
 
 /// Components by content address, and the registry's index. What a shared object store implements.
@@ -36,16 +53,28 @@ pub trait ComponentStore: Send + Sync {
     fn delete(&self, digest: &Digest) -> Result<(), StoreError>;
     /// Every component kept, by address.
     fn list(&self) -> Result<Vec<Digest>, StoreError>;
-    /// The index document, `None` before the first write.
-    fn read_index(&self) -> Result<Option<Vec<u8>>, StoreError>;
-    /// Replaces the index document whole: a reader sees the old one or the new one.
-    fn write_index(&self, bytes: &[u8]) -> Result<(), StoreError>;
+    /// The index document and its revision.
+    fn read_index(&self) -> Result<StoredIndex, StoreError>;
+    /// Replaces the index document whole, if it is still at revision `replacing` ([`StoreError::Stale`]
+    /// if not); returns the new revision. A reader sees the old document or the new one.
+    fn write_index(&self, bytes: &[u8], replacing: u64) -> Result<u64, StoreError>;
+    /// The latest revision of the index other hosts wrote, as the store learns of them: `None` for a
+    /// store no other host writes.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+    /// Whether the store can be reached now (a shared store: whether its connection is up).
+    fn reachable(&self) -> bool {
+        true
+    }
 }
 
 /// The embedded store: one file per component under a directory and `index.json` beside it, all written
 /// atomically.
 pub struct DiskStore {
     dir: PathBuf,
+    /// This process is the only writer: the revision is counted here, from 1 for an index found.
+    revision: std::sync::Mutex<u64>,
 }
 
 impl DiskStore {
@@ -57,7 +86,8 @@ impl DiskStore {
         if removed > 0 {
             tracing::info!(dir = %dir.display(), removed, "removed files left by writes cut short");
         }
-        Ok(DiskStore { dir })
+        let revision = std::sync::Mutex::new(u64::from(dir.join("index.json").exists()));
+        Ok(DiskStore { dir, revision })
     }
 
     fn index_path(&self) -> PathBuf {
@@ -111,16 +141,24 @@ impl ComponentStore for DiskStore {
         Ok(kept)
     }
 
-    fn read_index(&self) -> Result<Option<Vec<u8>>, StoreError> {
-        match std::fs::read(self.index_path()) {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(error) => Err(error.into()),
-        }
+    fn read_index(&self) -> Result<StoredIndex, StoreError> {
+        let revision = *self.revision.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = match std::fs::read(self.index_path()) {
+            Ok(bytes) => Some(bytes),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+            Err(error) => return Err(error.into()),
+        };
+        Ok(StoredIndex { bytes, revision })
     }
 
-    fn write_index(&self, bytes: &[u8]) -> Result<(), StoreError> {
-        Ok(write_atomically(&self.index_path(), bytes)?)
+    fn write_index(&self, bytes: &[u8], replacing: u64) -> Result<u64, StoreError> {
+        let mut revision = self.revision.lock().unwrap_or_else(|p| p.into_inner());
+        if *revision != replacing {
+            return Err(StoreError::Stale);
+        }
+        write_atomically(&self.index_path(), bytes)?;
+        *revision += 1;
+        Ok(*revision)
     }
 }
 
@@ -233,21 +271,25 @@ impl RegistryError {
 pub struct Registry {
     store: Arc<dyn ComponentStore>,
     index: Index,
+    /// The store's revision of `index`.
+    revision: u64,
 }
+
+/// How many times a change is made again on a fresher index before it gives up: each retry means
+/// another host changed the index in between.
+const ATTEMPTS: usize = 16;
 
 impl Registry {
     /// Opens the registry kept in `store`, and deletes every component no version refers to: what an
     /// upload killed before its commit, or a delete killed after its commit, left behind.
     pub fn open(store: Arc<dyn ComponentStore>) -> Result<Registry, RegistryError> {
-        let (index, indexed) = match store.read_index()? {
-            Some(bytes) => (
-                serde_json::from_slice(&bytes)
-                    .map_err(|e| RegistryError::BadIndex(e.to_string()))?,
-                true,
-            ),
-            None => (Index::default(), false),
+        let stored = store.read_index()?;
+        let indexed = stored.bytes.is_some();
+        let registry = Registry {
+            index: parse(stored.bytes.as_deref())?,
+            revision: stored.revision,
+            store,
         };
-        let registry = Registry { store, index };
         let stored = registry.store.list()?;
         if !indexed && !stored.is_empty() {
             // Components with no index is not a fresh registry but a damaged or half-restored one: keep them.
@@ -262,6 +304,31 @@ impl Registry {
             tracing::info!(removed, "removed components no version refers to");
         }
         Ok(registry)
+    }
+
+    /// Reads the index again if the store has a newer revision (another host changed it); returns the
+    /// components the registry referred to and no longer does, or `None` when nothing changed.
+    pub fn refresh(&mut self) -> Result<Option<BTreeSet<Digest>>, RegistryError> {
+        let stored = self.store.read_index()?;
+        if stored.revision <= self.revision {
+            return Ok(None);
+        }
+        let before = self.in_use();
+        self.index = parse(stored.bytes.as_deref())?;
+        self.revision = stored.revision;
+        let after = self.in_use();
+        Ok(Some(before.difference(&after).cloned().collect()))
+    }
+
+    /// The store's revision of the index this registry holds.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Deletes every stored component no version refers to (the store may keep a young one: see
+    /// [`ComponentStore::delete`]); returns those it asked to delete.
+    pub fn sweep(&self) -> Result<Vec<Digest>, RegistryError> {
+        Ok(self.collect(self.store.list()?))
     }
 
     /// The components some version of some tenant refers to.
@@ -358,29 +425,29 @@ impl Registry {
         } = uploaded;
         let size_bytes = wasm.size();
         let digest = self.store.put(wasm)?;
-        let mut index = self.index.clone();
-        let record = index
-            .tenants
-            .entry(tenant.to_string())
-            .or_default()
-            .entry(agent.to_string())
-            .or_default();
-        record.next_version = record.next_version.max(1);
-        let version = VersionRecord {
-            version: record.next_version,
-            digest,
-            size_bytes,
-            compiled_bytes,
-            uploaded_at,
-            world,
-        };
-        record.next_version += 1;
-        record.versions.push(version.clone());
-        if activate {
-            make_active(record, version.version);
-        }
-        self.commit(index)?;
-        Ok(version)
+        self.commit(|index| {
+            let record = index
+                .tenants
+                .entry(tenant.to_string())
+                .or_default()
+                .entry(agent.to_string())
+                .or_default();
+            record.next_version = record.next_version.max(1);
+            let version = VersionRecord {
+                version: record.next_version,
+                digest: digest.clone(),
+                size_bytes,
+                compiled_bytes,
+                uploaded_at,
+                world,
+            };
+            record.next_version += 1;
+            record.versions.push(version.clone());
+            if activate {
+                make_active(record, version.version);
+            }
+            Ok(version)
+        })
     }
 
     /// Makes `version` the one new calls get.
@@ -399,13 +466,25 @@ impl Registry {
         })
     }
 
-    /// Activates the version that was active before the current one; returns it.
-    pub fn rollback(&mut self, tenant: &str, agent: &str) -> Result<u32, RegistryError> {
+    /// Activates the version that was active before the current one, and returns it; refused as a conflict
+    /// unless that is `expected` (when given): the version the caller compiled, which another host's change
+    /// may have made another one meanwhile.
+    pub fn roll_back_to(
+        &mut self,
+        tenant: &str,
+        agent: &str,
+        expected: Option<u32>,
+    ) -> Result<u32, RegistryError> {
         self.change(tenant, agent, |record| {
             let back = record
                 .previous
                 .pop()
                 .ok_or_else(|| RegistryError::nothing_to_roll_back(agent))?;
+            if expected.is_some_and(|expected| expected != back) {
+                return Err(RegistryError::Conflict(format!(
+                    "agent {agent:?} changed meanwhile: version {back} is the one to roll back to now; try again"
+                )));
+            }
             record.active = Some(back);
             Ok(back)
         })
@@ -419,7 +498,7 @@ impl Registry {
         policy: FailurePolicy,
     ) -> Result<(), RegistryError> {
         self.change(tenant, agent, |record| {
-            record.failure_policy = policy;
+            record.failure_policy = policy.clone();
             Ok(())
         })
     }
@@ -452,17 +531,18 @@ impl Registry {
         tenant: &str,
         agent: &str,
     ) -> Result<Vec<Digest>, RegistryError> {
-        let mut index = self.index.clone();
-        agent_mut(&mut index, tenant, agent)?;
-        let removed = index
-            .tenants
-            .get_mut(tenant)
-            .and_then(|agents| agents.remove(agent))
-            .unwrap_or_default();
-        if index.tenants.get(tenant).is_some_and(BTreeMap::is_empty) {
-            index.tenants.remove(tenant);
-        }
-        self.commit(index)?;
+        let removed = self.commit(|index| {
+            agent_mut(index, tenant, agent)?;
+            let removed = index
+                .tenants
+                .get_mut(tenant)
+                .and_then(|agents| agents.remove(agent))
+                .unwrap_or_default();
+            if index.tenants.get(tenant).is_some_and(BTreeMap::is_empty) {
+                index.tenants.remove(tenant);
+            }
+            Ok(removed)
+        })?;
         Ok(self.collect(removed.versions.into_iter().map(|v| v.digest)))
     }
 
@@ -471,25 +551,46 @@ impl Registry {
         &mut self,
         tenant: &str,
         agent: &str,
-        edit: impl FnOnce(&mut AgentRecord) -> Result<T, RegistryError>,
+        mut edit: impl FnMut(&mut AgentRecord) -> Result<T, RegistryError>,
     ) -> Result<T, RegistryError> {
-        let mut index = self.index.clone();
-        let result = edit(agent_mut(&mut index, tenant, agent)?)?;
-        // A change that changes nothing (the same policy again, the active version activated) is not
-        // written: every write is a whole index and two flushes to disk.
-        if index != self.index {
-            self.commit(index)?;
-        }
-        Ok(result)
+        self.commit(|index| edit(agent_mut(index, tenant, agent)?))
     }
 
-    /// Writes `index` and only then makes it the registry's: a failed write changes nothing.
-    fn commit(&mut self, index: Index) -> Result<(), RegistryError> {
-        let bytes = serde_json::to_vec_pretty(&index)
-            .map_err(|e| RegistryError::BadIndex(e.to_string()))?;
-        self.store.write_index(&bytes)?;
-        self.index = index;
-        Ok(())
+    /// Applies `edit` to a copy of the index, writes it over the revision it was made from, and only then
+    /// makes it the registry's: a failed write, or an error from `edit`, changes nothing. When another
+    /// host wrote first, the index is read again and `edit` made again on it, so its checks see the
+    /// other host's change. A change that changes nothing (the same policy again, the active version
+    /// activated) is not written.
+    fn commit<T>(
+        &mut self,
+        mut edit: impl FnMut(&mut Index) -> Result<T, RegistryError>,
+    ) -> Result<T, RegistryError> {
+        for _ in 0..ATTEMPTS {
+            let mut index = self.index.clone();
+            let result = edit(&mut index)?;
+            if index == self.index {
+                return Ok(result);
+            }
+            let bytes =
+                serde_json::to_vec(&index).map_err(|e| RegistryError::BadIndex(e.to_string()))?;
+            match self.store.write_index(&bytes, self.revision) {
+                Ok(revision) => {
+                    (self.index, self.revision) = (index, revision);
+                    return Ok(result);
+                }
+                Err(StoreError::Stale) => {
+                    tracing::debug!(
+                        "the registry's index changed meanwhile: the change is made again on it"
+                    );
+                    self.refresh()?;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "the index changed under each of {ATTEMPTS} attempts"
+        ))
+        .into())
     }
 
     /// Deletes those of `digests` no version of any tenant refers to any more (the same bytes uploaded twice
@@ -504,6 +605,13 @@ impl Registry {
         }
         unused.into_iter().collect()
     }
+}
+
+/// The index in `bytes`, or an empty one before the first write.
+fn parse(bytes: Option<&[u8]>) -> Result<Index, RegistryError> {
+    bytes.map_or(Ok(Index::default()), |bytes| {
+        serde_json::from_slice(bytes).map_err(|e| RegistryError::BadIndex(e.to_string()))
+    })
 }
 
 /// Makes `version` the record's active one; the one active before, if another, is what a rollback returns
@@ -621,12 +729,12 @@ mod tests {
         fn list(&self) -> Result<Vec<Digest>, StoreError> {
             self.0.list()
         }
-        fn read_index(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        fn read_index(&self) -> Result<StoredIndex, StoreError> {
             self.0.read_index()
         }
-        fn write_index(&self, bytes: &[u8]) -> Result<(), StoreError> {
+        fn write_index(&self, bytes: &[u8], replacing: u64) -> Result<u64, StoreError> {
             self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.0.write_index(bytes)
+            self.0.write_index(bytes, replacing)
         }
     }
 
@@ -655,6 +763,80 @@ mod tests {
         assert_eq!(writes(), 2);
     }
 
+    /// The index where two registries share it, as hosts of a cluster do: compare and swap on a revision.
+    struct SharedIndex {
+        components: DiskStore,
+        index: Arc<std::sync::Mutex<StoredIndex>>,
+    }
+
+    impl ComponentStore for SharedIndex {
+        fn put(&self, wasm: Spooled) -> Result<Digest, StoreError> {
+            self.components.put(wasm)
+        }
+        fn get(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
+            self.components.get(digest)
+        }
+        fn delete(&self, digest: &Digest) -> Result<(), StoreError> {
+            self.components.delete(digest)
+        }
+        fn list(&self) -> Result<Vec<Digest>, StoreError> {
+            self.components.list()
+        }
+        fn read_index(&self) -> Result<StoredIndex, StoreError> {
+            Ok(self.index.lock().unwrap().clone())
+        }
+        fn write_index(&self, bytes: &[u8], replacing: u64) -> Result<u64, StoreError> {
+            let mut index = self.index.lock().unwrap();
+            if index.revision != replacing {
+                return Err(StoreError::Stale);
+            }
+            *index = StoredIndex {
+                bytes: Some(bytes.to_vec()),
+                revision: replacing + 1,
+            };
+            Ok(index.revision)
+        }
+    }
+
+    #[test]
+    fn a_change_over_an_index_another_host_changed_is_made_again_on_theirs() {
+        let index = Arc::new(std::sync::Mutex::new(StoredIndex::default()));
+        let host = |name: &str| {
+            let store = SharedIndex {
+                components: store(name),
+                index: index.clone(),
+            };
+            Registry::open(Arc::new(store)).unwrap()
+        };
+        let (mut a, mut b) = (host("shared-a"), host("shared-b"));
+        let first = a
+            .add_version("acme", "agent_a", spooled(b"v1"), uploaded(0), true)
+            .unwrap();
+        // b has not seen a's upload: its own is numbered after it, and a's stays.
+        let second = b
+            .add_version("acme", "agent_a", spooled(b"v2"), uploaded(0), false)
+            .unwrap();
+        assert_eq!((first.version, second.version), (1, 2));
+        let record = b.agent("acme", "agent_a").unwrap();
+        assert_eq!(record.active, Some(1));
+        assert_eq!(record.versions.len(), 2);
+        // a learns of b's change when it refreshes (its watch would tell it to).
+        assert!(a.refresh().unwrap().is_some());
+        assert_eq!(a.index, b.index);
+        assert!(a.refresh().unwrap().is_none(), "nothing newer");
+        a.activate("acme", "agent_a", 2).unwrap();
+        b.refresh().unwrap();
+        // b means to roll back to 1 (what it compiled); a activates 1 first, so a rollback now goes to 2:
+        // b's is refused, not taken elsewhere.
+        a.activate("acme", "agent_a", 1).unwrap();
+        assert!(matches!(
+            b.roll_back_to("acme", "agent_a", Some(1)),
+            Err(RegistryError::Conflict(_))
+        ));
+        assert_eq!(b.agent("acme", "agent_a").unwrap().active, Some(1));
+        assert_eq!(b.roll_back_to("acme", "agent_a", Some(2)).unwrap(), 2);
+    }
+
     #[test]
     fn rollback_returns_to_the_version_active_before() {
         let mut registry = registry("rollback");
@@ -664,15 +846,15 @@ mod tests {
                 .unwrap();
         }
         assert!(matches!(
-            registry.rollback("acme", "agent_a"),
+            registry.roll_back_to("acme", "agent_a", None),
             Err(RegistryError::Conflict(_))
         ));
         registry.activate("acme", "agent_a", 1).unwrap();
         registry.activate("acme", "agent_a", 3).unwrap();
         registry.activate("acme", "agent_a", 2).unwrap();
-        assert_eq!(registry.rollback("acme", "agent_a").unwrap(), 3);
-        assert_eq!(registry.rollback("acme", "agent_a").unwrap(), 1);
-        assert!(registry.rollback("acme", "agent_a").is_err());
+        assert_eq!(registry.roll_back_to("acme", "agent_a", None).unwrap(), 3);
+        assert_eq!(registry.roll_back_to("acme", "agent_a", None).unwrap(), 1);
+        assert!(registry.roll_back_to("acme", "agent_a", None).is_err());
         assert_eq!(registry.agent("acme", "agent_a").unwrap().active, Some(1));
     }
 

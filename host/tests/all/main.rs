@@ -7,6 +7,7 @@ mod cache;
 mod call;
 mod chaos;
 mod check;
+mod cluster;
 mod compiling;
 mod connection;
 mod containment;

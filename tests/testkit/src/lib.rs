@@ -8,6 +8,7 @@ mod echo;
 mod host;
 mod hosting;
 mod native;
+pub mod nats;
 mod quiet;
 
 pub use echo::{audio_frame, echo_latencies, paced_frames, prober_call, quantile};

@@ -1,0 +1,371 @@
+//! Cluster mode: the registry every host of a cluster shares, on NATS JetStream. The index is one
+//! document under one key of a KV bucket (`PREFIX-registry`), written with compare and swap on its
+//! revision; the components are objects of an object store (`PREFIX-components`) named by their SHA-256
+//! and checked against it when read. Each host follows the key (a watch from the revision it read, made
+//! again with backoff when it ends, and a read every [`RECHECK`] in case a watch stalls) and serves what it
+//! says (`host::Tenancy::follow`). The compiled cache stays on each host: compiled code is never shared.
+//!
+//! The registry is synchronous (its changes run on blocking threads, under its lock); the NATS client runs
+//! on a small runtime of its own, and each call into it waits on a thread of its own, so it may be made
+//! from anywhere, an async worker included, without stalling the runtime the client needs.
+
+use super::config::ClusterConfig;
+use super::registry::{ComponentStore, StoreError, StoredIndex};
+use crate::content::{Digest, Spooled};
+use async_nats::jetstream::{self, kv, object_store};
+use futures_util::StreamExt as _;
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The index's key in the KV bucket.
+const INDEX_KEY: &str = "index";
+/// How long one call to NATS may take (a component's transfer: [`TRANSFER_TIMEOUT`]).
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a component's put or get may take.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often the index is read besides the watch, so a watch that stalls delays a change no longer.
+pub const RECHECK: Duration = Duration::from_secs(10);
+/// A component no version refers to is deleted only once it is this old: another host may have just put
+/// it for an upload it has not committed yet (longer than any upload's put-to-commit).
+pub const DELETE_AFTER: Duration = Duration::from_secs(3600);
+/// How long the host waits for NATS at start before it gives up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The registry's store on JetStream.
+pub struct NatsStore {
+    /// The client's own runtime; `None` only while dropping.
+    runtime: Option<tokio::runtime::Runtime>,
+    client: async_nats::Client,
+    index: kv::Store,
+    components: object_store::ObjectStore,
+    changes: watch::Receiver<u64>,
+    follower: tokio::task::JoinHandle<()>,
+}
+
+impl NatsStore {
+    /// Connects to the cluster's NATS servers and opens (or creates) the buckets; follows the index from
+    /// then on. Fails when no server answers within [`CONNECT_TIMEOUT`].
+    pub fn connect(config: &ClusterConfig) -> anyhow::Result<NatsStore> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("voicehost-nats")
+            .enable_all()
+            .build()?;
+        let host_id = config.host_id();
+        let opened = on_own_thread(runtime.handle(), async {
+            let mut options = async_nats::ConnectOptions::new()
+                .name(format!("voicehost {host_id}"))
+                .connection_timeout(CONNECT_TIMEOUT)
+                .event_callback(|event| async move {
+                    tracing::info!(%event, "NATS");
+                });
+            if let Some(path) = &config.credentials {
+                options = options
+                    .credentials_file(path)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cluster.credentials {}: {e}", path.display()))?;
+            }
+            let servers = config.servers.join(",");
+            let client = tokio::time::timeout(CONNECT_TIMEOUT, options.connect(servers.as_str()))
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "no NATS server of cluster.servers ({servers}) answered in {} s",
+                        CONNECT_TIMEOUT.as_secs()
+                    )
+                })?
+                .map_err(|e| anyhow::anyhow!("cannot connect to NATS ({servers}): {e}"))?;
+            let js = jetstream::new(client.clone());
+            let bucket = format!("{}-registry", config.bucket_prefix);
+            let index = match js.get_key_value(&bucket).await {
+                Ok(store) => store,
+                Err(_) => {
+                    // The stream a KV bucket is (ADR-8's layout, as async-nats makes it), created here:
+                    // async-nats's `create_key_value` first reads the account's info, whose reply from a
+                    // 2.9 server (Debian's) lacks fields it requires, and fails.
+                    js.get_or_create_stream(jetstream::stream::Config {
+                        name: format!("KV_{bucket}"),
+                        description: Some(
+                            "voicehost: the registry's index (tenants, agents, versions)".into(),
+                        ),
+                        subjects: vec![format!("$KV.{bucket}.>")],
+                        max_messages_per_subject: 8,
+                        storage: jetstream::stream::StorageType::File,
+                        num_replicas: config.replicas,
+                        allow_rollup: true,
+                        deny_delete: true,
+                        allow_direct: true,
+                        discard: jetstream::stream::DiscardPolicy::New,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot create the KV bucket {bucket}: {e}"))?;
+                    js.get_key_value(&bucket)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("cannot open the KV bucket {bucket}: {e}"))?
+                }
+            };
+            let bucket = format!("{}-components", config.bucket_prefix);
+            let components = match js.get_object_store(&bucket).await {
+                Ok(store) => store,
+                Err(_) => js
+                    .create_object_store(object_store::Config {
+                        bucket: bucket.clone(),
+                        description: Some("voicehost: agents' components by SHA-256".into()),
+                        storage: jetstream::stream::StorageType::File,
+                        num_replicas: config.replicas,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!("cannot open or create the object store {bucket}: {e}")
+                    })?,
+            };
+            anyhow::Ok((client, index, components))
+        });
+        let (client, index, components) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                // Wherever the host opens its registry, an async context included: not waited for.
+                runtime.shutdown_background();
+                return Err(error);
+            }
+        };
+        let (tx, changes) = watch::channel(0);
+        let follower = runtime.spawn(follow(index.clone(), tx));
+        tracing::info!(host_id, servers = %config.servers.join(","), "cluster: the registry is on NATS JetStream");
+        Ok(NatsStore {
+            runtime: Some(runtime),
+            client,
+            index,
+            components,
+            changes,
+            follower,
+        })
+    }
+
+    /// Runs `call` on the client's runtime, waiting at most `timeout`; a store that cannot be reached is
+    /// [`StoreError::Unavailable`] at once.
+    fn call<T: Send>(
+        &self,
+        timeout: Duration,
+        call: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> Result<T, StoreError> {
+        if !self.reachable() {
+            return Err(StoreError::Unavailable("not connected to NATS".into()));
+        }
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("the runtime lives as long as the store");
+        on_own_thread(runtime.handle(), async {
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(StoreError::Unavailable(format!(
+                        "NATS did not answer in {} s",
+                        timeout.as_secs()
+                    )))
+                })
+        })
+    }
+}
+
+impl Drop for NatsStore {
+    fn drop(&mut self) {
+        self.follower.abort();
+        // Dropped wherever the host ends, an async context included: the runtime is not waited for.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Runs `future` to its end on `runtime`, from a thread of its own: the caller may be an async worker of
+/// another runtime (blocked meanwhile, as a disk read blocks it) or a blocking thread.
+fn on_own_thread<T: Send>(
+    runtime: &tokio::runtime::Handle,
+    future: impl Future<Output = T> + Send,
+) -> T {
+    std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| runtime.block_on(future));
+        waiting
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// What a NATS error means to the registry: it could not be reached.
+fn unavailable(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(error.to_string())
+}
+
+impl ComponentStore for NatsStore {
+    fn put(&self, wasm: Spooled) -> Result<Digest, StoreError> {
+        let digest = wasm.digest().clone();
+        let path = wasm.path().to_path_buf();
+        // Written again even when an object of that name is there: its time is then fresh, so a sweep
+        // on another host does not take it for an old one no version refers to (see DELETE_AFTER).
+        self.call(TRANSFER_TIMEOUT, async {
+            let mut file = tokio::fs::File::open(&path).await?;
+            self.components
+                .put(digest.hex(), &mut file)
+                .await
+                .map_err(unavailable)?;
+            Ok(())
+        })?;
+        drop(wasm);
+        Ok(digest)
+    }
+
+    fn get(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
+        let bytes = self.call(TRANSFER_TIMEOUT, async {
+            let mut object = match self.components.get(digest.hex()).await {
+                Ok(object) => object,
+                Err(error) if error.kind() == object_store::GetErrorKind::NotFound => {
+                    return Err(StoreError::NotFound(digest.clone()))
+                }
+                Err(error) => return Err(unavailable(error)),
+            };
+            let mut bytes = Vec::with_capacity(object.info().size);
+            tokio::io::AsyncReadExt::read_to_end(&mut object, &mut bytes)
+                .await
+                .map_err(unavailable)?;
+            Ok(bytes)
+        })?;
+        if Digest::of(&bytes) != *digest {
+            return Err(StoreError::Corrupt(digest.clone()));
+        }
+        Ok(bytes)
+    }
+
+    /// Deletes the component only once it is [`DELETE_AFTER`] old: a younger one may be the put of an
+    /// upload on another host that has not committed yet. A later sweep deletes it.
+    fn delete(&self, digest: &Digest) -> Result<(), StoreError> {
+        self.call(CALL_TIMEOUT, async {
+            let info = match self.components.info(digest.hex()).await {
+                Ok(info) => info,
+                Err(error) if error.kind() == object_store::InfoErrorKind::NotFound => return Ok(()),
+                Err(error) => return Err(unavailable(error)),
+            };
+            let modified = info.modified.map_or(0, |at| at.unix_timestamp());
+            let age = crate::content::unix_now().saturating_sub(modified.max(0) as u64);
+            if age < DELETE_AFTER.as_secs() {
+                tracing::debug!(%digest, age_s = age, "an unused component is kept until a later sweep");
+                return Ok(());
+            }
+            match self.components.delete(digest.hex()).await {
+                Err(error) if error.kind() != object_store::DeleteErrorKind::NotFound => {
+                    Err(unavailable(error))
+                }
+                _ => Ok(()),
+            }
+        })
+    }
+
+    fn list(&self) -> Result<Vec<Digest>, StoreError> {
+        self.call(CALL_TIMEOUT, async {
+            let mut listed = self.components.list().await.map_err(unavailable)?;
+            let mut kept = Vec::new();
+            while let Some(info) = listed.next().await {
+                let info = info.map_err(unavailable)?;
+                if info.deleted {
+                    continue;
+                }
+                kept.extend(Digest::parse(&format!("sha256:{}", info.name)).ok());
+            }
+            Ok(kept)
+        })
+    }
+
+    fn read_index(&self) -> Result<StoredIndex, StoreError> {
+        self.call(CALL_TIMEOUT, async {
+            let entry = self.index.entry(INDEX_KEY).await.map_err(unavailable)?;
+            Ok(match entry {
+                Some(entry) if entry.operation == kv::Operation::Put => StoredIndex {
+                    bytes: Some(entry.value.to_vec()),
+                    revision: entry.revision,
+                },
+                // Deleted or purged by hand: an empty registry, at the revision of the deletion.
+                Some(entry) => StoredIndex {
+                    bytes: None,
+                    revision: entry.revision,
+                },
+                None => StoredIndex::default(),
+            })
+        })
+    }
+
+    fn write_index(&self, bytes: &[u8], replacing: u64) -> Result<u64, StoreError> {
+        let max = self.client.server_info().max_payload;
+        if bytes.len() > max.saturating_sub(1024) {
+            return Err(StoreError::Unavailable(format!(
+                "the registry's index ({} bytes) no longer fits NATS's max_payload ({max} bytes): raise max_payload on the NATS servers",
+                bytes.len()
+            )));
+        }
+        let value = bytes::Bytes::copy_from_slice(bytes);
+        self.call(CALL_TIMEOUT, async {
+            match self.index.update(INDEX_KEY, value, replacing).await {
+                Ok(revision) => Ok(revision),
+                Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                    Err(StoreError::Stale)
+                }
+                Err(error) => Err(unavailable(error)),
+            }
+        })
+    }
+
+    fn changes(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.changes.clone())
+    }
+
+    fn reachable(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+}
+
+/// Tells `latest` of every revision of the index: a watch from the revision after the last one seen,
+/// made again (with backoff) whenever it ends or fails, and a read every [`RECHECK`] besides.
+async fn follow(index: kv::Store, latest: watch::Sender<u64>) {
+    let tell = |revision: u64| {
+        latest.send_if_modified(|seen| {
+            let newer = revision > *seen;
+            *seen = (*seen).max(revision);
+            newer
+        });
+    };
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if let Ok(Some(entry)) = index.entry(INDEX_KEY).await {
+            tell(entry.revision);
+        }
+        let from = *latest.borrow() + 1;
+        match index.watch_from_revision(INDEX_KEY, from).await {
+            Ok(mut watch) => loop {
+                tokio::select! {
+                    entry = watch.next() => match entry {
+                        Some(Ok(entry)) => {
+                            backoff = Duration::from_millis(100);
+                            tell(entry.revision);
+                        }
+                        Some(Err(error)) => {
+                            tracing::warn!(%error, "cluster: the registry's watch failed; made again");
+                            break;
+                        }
+                        None => break,
+                    },
+                    () = tokio::time::sleep(RECHECK) => match index.entry(INDEX_KEY).await {
+                        Ok(Some(entry)) => tell(entry.revision),
+                        Ok(None) => {}
+                        Err(error) => tracing::debug!(%error, "cluster: cannot read the registry's index"),
+                    },
+                }
+            },
+            Err(error) => tracing::warn!(%error, "cluster: cannot watch the registry's index"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}

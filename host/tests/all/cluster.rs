@@ -1,0 +1,371 @@
+//! Cluster mode with real processes: a `nats-server -js` on loopback, three `voicehost serve` sharing its
+//! registry (`[cluster]`), and the simulator as Sent. A change made through any host's admin API is served
+//! by every host; a host cut off from NATS keeps its calls and catches up when NATS is back.
+
+use crate::operator::{Served, BIN};
+use sentsim::sim::Account;
+use sentsim::{Sim, SimConfig};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use voicehost::tenancy::token_sha256;
+use voicehost_testkit::nats::Nats;
+use voicehost_testkit::{guest, quantile, request};
+
+const KEY: &str = "sk_cluster_sent_key";
+const TOKEN: &str = "vh_cluster_tenant_token_0123456789";
+const AGENT: &str = "agent_support";
+/// How long a change may take to reach another host before the test fails: far above the target (1 s),
+/// so only a change that never arrives fails it; the benchmark reports the real figures.
+const CONVERGE_WITHIN: Duration = Duration::from_secs(30);
+
+/// NATS, the simulator and three hosts sharing one registry.
+struct Cluster {
+    nats: Nats,
+    sim: Sim,
+    hosts: Vec<Served>,
+    dir: PathBuf,
+}
+
+impl Cluster {
+    async fn start(name: &str) -> Cluster {
+        voicehost_testkit::init_tracing();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("cluster-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let nats = Nats::start(dir.join("nats"));
+        let sim = Sim::start_local(SimConfig {
+            heartbeat_interval_ms: 1000,
+            accounts: vec![Account {
+                api_key: KEY.into(),
+                agents: vec![AGENT.into()],
+            }],
+            ..SimConfig::default()
+        })
+        .await
+        .unwrap();
+        std::fs::write(dir.join("acme.key"), KEY).unwrap();
+        let mut cluster = Cluster {
+            nats,
+            sim,
+            hosts: Vec::new(),
+            dir,
+        };
+        for id in ["a", "b", "c"] {
+            let host = cluster.host(id);
+            cluster.hosts.push(host);
+        }
+        for host in &cluster.hosts {
+            host.healthy().await;
+        }
+        cluster
+    }
+
+    /// `voicehost serve` as host `id` of the cluster, its data directory its own.
+    fn host(&self, id: &str) -> Served {
+        let config = self.dir.join(format!("{id}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "data_dir = \"data-{id}\"\nsent_url = \"{}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+                 [cluster]\nservers = [\"{}\"]\nhost_id = \"{id}\"\n\
+                 [[tenants]]\nid = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_file = \"acme.key\"\n",
+                self.sim.url(),
+                self.nats.url(),
+                token_sha256(TOKEN),
+            ),
+        )
+        .unwrap();
+        let mut command = Command::new(BIN);
+        command
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "info");
+        let (mut served, addr) = Served::spawn(command);
+        let addr = addr
+            .recv_timeout(Duration::from_secs(60))
+            .expect("voicehost says where its admin API listens");
+        served.admin = format!("http://{addr}");
+        served
+    }
+
+    async fn api(&self, host: usize, method: &str, path: &str, body: Vec<u8>) -> (u16, Value) {
+        request(&self.hosts[host].admin, method, path, Some(TOKEN), body).await
+    }
+
+    /// Waits until host `host` says of the agent what `wanted` accepts (its answer to GET, status and
+    /// body); returns how long that took.
+    async fn until(&self, host: usize, wanted: impl Fn(u16, &Value) -> bool) -> Duration {
+        let started = Instant::now();
+        loop {
+            let (status, body) = self
+                .api(host, "GET", &format!("/v1/agents/{AGENT}"), vec![])
+                .await;
+            if wanted(status, &body) {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < CONVERGE_WITHIN,
+                "host {host} never got there: {status} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Waits until every host serves `version` of the agent.
+    async fn all_serve(&self, version: u64) {
+        for host in 0..self.hosts.len() {
+            self.until(host, |status, agent| {
+                status == 200
+                    && agent["active_version"] == version
+                    && agent["served_version"] == version
+                    && agent["status"] == "serving"
+            })
+            .await;
+        }
+    }
+
+    fn upload_path(activate: bool) -> String {
+        format!("/v1/agents/{AGENT}/versions?activate={activate}")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.hosts.clear();
+        self.nats.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Places a text call on each of the agent's connections (one per host) and checks it is answered.
+async fn every_connection_answers(sim: &Sim, hello: &str) {
+    let connections = sim.usable_connections(AGENT);
+    assert_eq!(connections.len(), 3, "one connection per host");
+    for conn in connections {
+        let mut call = conn.start_text();
+        call.expect_say(hello).await.unwrap();
+        call.end("caller_hung_up");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_any_host_is_served_by_every_host() {
+    let cluster = Cluster::start("served").await;
+    let (status, one) = cluster
+        .api(0, "POST", &Cluster::upload_path(true), guest("conformance"))
+        .await;
+    assert_eq!(status, 201, "{one}");
+    cluster.all_serve(1).await;
+    every_connection_answers(&cluster.sim, "Hello from the conformance agent.").await;
+
+    // Uploaded through B: the next number of the shared index, not B's own first.
+    let (status, two) = cluster
+        .api(1, "POST", &Cluster::upload_path(false), guest("panicker"))
+        .await;
+    assert_eq!((status, &two["version"]), (201, &json!(2)), "{two}");
+    // Activated through C, rolled back through A.
+    let (status, body) = cluster
+        .api(
+            2,
+            "POST",
+            &format!("/v1/agents/{AGENT}/activate"),
+            br#"{"version":2}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    cluster.all_serve(2).await;
+    every_connection_answers(&cluster.sim, "Hello from the panicker.").await;
+    let (status, body) = cluster
+        .api(0, "POST", &format!("/v1/agents/{AGENT}/rollback"), vec![])
+        .await;
+    assert_eq!(status, 200, "{body}");
+    cluster.all_serve(1).await;
+
+    // A failure policy set through B applies on A.
+    let policy = br#"{"action":"transfer","to":{"kind":"number","value":"+14155550100"}}"#;
+    let (status, body) = cluster
+        .api(
+            1,
+            "PUT",
+            &format!("/v1/agents/{AGENT}/failure-policy"),
+            policy.to_vec(),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    cluster
+        .until(0, |_, agent| {
+            agent["failure_policy"]["action"] == "transfer"
+        })
+        .await;
+
+    // Deleted through C: no host serves it, and its connections close.
+    let (status, body) = cluster
+        .api(2, "DELETE", &format!("/v1/agents/{AGENT}"), vec![])
+        .await;
+    assert_eq!(status, 204, "{body}");
+    for host in 0..3 {
+        cluster.until(host, |status, _| status == 404).await;
+    }
+    let deadline = Instant::now() + CONVERGE_WITHIN;
+    while !cluster.sim.open_connections(Some(AGENT)).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted agent's connections stay open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Activations through each host in turn, each timed until both other hosts show it: the convergence
+/// figures of BENCHMARKS.md (`CLUSTER_CHANGES=100`; 20 by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_through_any_host_converge_on_every_host() {
+    let changes: usize = std::env::var("CLUSTER_CHANGES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20);
+    let cluster = Cluster::start("converge").await;
+    for (name, activate) in [("conformance", true), ("panicker", false)] {
+        let (status, body) = cluster
+            .api(0, "POST", &Cluster::upload_path(activate), guest(name))
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    cluster.all_serve(1).await;
+    let mut took = Vec::new();
+    for change in 0..changes {
+        let (through, version) = (change % 3, 2 - (change % 2) as u64);
+        let (status, body) = cluster
+            .api(
+                through,
+                "POST",
+                &format!("/v1/agents/{AGENT}/activate"),
+                json!({ "version": version }).to_string().into_bytes(),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        for other in (0..3).filter(|host| *host != through) {
+            let seen = cluster
+                .until(other, |_, agent| {
+                    agent["served_version"] == version && agent["status"] == "serving"
+                })
+                .await;
+            took.push(seen);
+        }
+    }
+    took.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    eprintln!(
+        "cluster convergence over {changes} activations ({} host-changes): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        took.len(),
+        ms(quantile(&took, 0.5)),
+        ms(quantile(&took, 0.99)),
+        ms(took.last().copied().unwrap_or_default())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_cut_off_from_nats_keeps_its_calls_and_catches_up() {
+    let mut cluster = Cluster::start("cut-off").await;
+    for (name, activate) in [("conformance", true), ("panicker", false)] {
+        let (status, body) = cluster
+            .api(0, "POST", &Cluster::upload_path(activate), guest(name))
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    cluster.all_serve(1).await;
+    let connections = cluster.sim.usable_connections(AGENT);
+    let mut live: Vec<_> = connections.iter().map(|conn| conn.start_text()).collect();
+    for call in &mut live {
+        call.expect_say("Hello from the conformance agent.")
+            .await
+            .unwrap();
+    }
+
+    cluster.nats.kill();
+    for host in 0..3 {
+        let deadline = Instant::now() + CONVERGE_WITHIN;
+        loop {
+            let (status, health) =
+                request(&cluster.hosts[host].admin, "GET", "/healthz", None, vec![]).await;
+            assert_eq!(
+                status, 200,
+                "a host cut off from NATS is still healthy: {health}"
+            );
+            if health["registry_reachable"] == false {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "host {host} never noticed NATS was gone: {health}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Calls go on, new ones too, on the registry each host last saw.
+    for call in &mut live {
+        call.say("echo still here");
+        call.expect_say("still here").await.unwrap();
+    }
+    every_connection_answers(&cluster.sim, "Hello from the conformance agent.").await;
+    // Changes are refused, and say why.
+    let (status, body) = cluster
+        .api(
+            1,
+            "POST",
+            &format!("/v1/agents/{AGENT}/activate"),
+            br#"{"version":2}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (503, &json!("unavailable")),
+        "{body}"
+    );
+    let (_, agent) = cluster
+        .api(1, "GET", &format!("/v1/agents/{AGENT}"), vec![])
+        .await;
+    assert_eq!(agent["active_version"], 1, "nothing was changed: {agent}");
+    let metrics = request(&cluster.hosts[1].admin, "GET", "/metrics", None, vec![])
+        .await
+        .1;
+    let metrics = metrics.as_str().unwrap_or_default().to_string();
+    assert!(
+        metrics.contains("voicehost_cluster_registry_reachable 0"),
+        "{metrics}"
+    );
+
+    cluster.nats.restart();
+    for host in 0..3 {
+        let deadline = Instant::now() + CONVERGE_WITHIN;
+        while request(&cluster.hosts[host].admin, "GET", "/healthz", None, vec![])
+            .await
+            .1["registry_reachable"]
+            != true
+        {
+            assert!(
+                Instant::now() < deadline,
+                "host {host} never reconnected to NATS"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let (status, body) = cluster
+        .api(
+            0,
+            "POST",
+            &format!("/v1/agents/{AGENT}/activate"),
+            br#"{"version":2}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    cluster.all_serve(2).await;
+    // The calls of before the outage are still on their version.
+    for call in &mut live {
+        call.say("echo after");
+        call.expect_say("after").await.unwrap();
+    }
+}
