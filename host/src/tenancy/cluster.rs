@@ -5,6 +5,12 @@
 //! again with backoff when it ends, and a read every [`RECHECK`] in case a watch stalls) and serves what it
 //! says (`host::Tenancy::follow`). The compiled cache stays on each host: compiled code is never shared.
 //!
+//! Per-tenant session caps hold across the cluster: every [`SHARE_EVERY`] each host writes its live calls
+//! per tenant under its id in a KV bucket (`PREFIX-calls`) whose entries expire after [`CALLS_TTL`] (a
+//! bucket `max_age`: a 2.9 server has no per-key TTL), reads the others' and caps each tenant's calls here
+//! at its `max_sessions` less the others' (`Tenancy::share_calls`). The counts are as old as the last
+//! exchange, so a burst on several hosts at once may pass a cap by what arrives within it.
+//!
 //! The registry is synchronous (its changes run on blocking threads, under its lock); the NATS client runs
 //! on a small runtime of its own, and each call into it waits on a thread of its own, so it may be made
 //! from anywhere, an async worker included, without stalling the runtime the client needs.
@@ -14,6 +20,7 @@ use super::registry::{ComponentStore, StoreError, StoredIndex};
 use crate::content::{Digest, Spooled};
 use async_nats::jetstream::{self, kv, object_store};
 use futures_util::StreamExt as _;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -29,6 +36,10 @@ pub const RECHECK: Duration = Duration::from_secs(10);
 /// A component no version refers to is deleted only once it is this old: another host may have just put
 /// it for an upload it has not committed yet (longer than any upload's put-to-commit).
 pub const DELETE_AFTER: Duration = Duration::from_secs(3600);
+/// How often a host tells the others its live calls per tenant, and reads theirs.
+pub const SHARE_EVERY: Duration = Duration::from_secs(2);
+/// How long a host's counts are kept once it stops telling them (it stopped or lost NATS).
+const CALLS_TTL: Duration = Duration::from_secs(30);
 /// How long the host waits for NATS at start before it gives up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -39,6 +50,9 @@ pub struct NatsStore {
     client: async_nats::Client,
     index: kv::Store,
     components: object_store::ObjectStore,
+    /// Each host's live calls per tenant, under its id.
+    calls: kv::Store,
+    host_id: String,
     changes: watch::Receiver<u64>,
     follower: tokio::task::JoinHandle<()>,
 }
@@ -78,34 +92,27 @@ impl NatsStore {
                 .map_err(|e| anyhow::anyhow!("cannot connect to NATS ({servers}): {e}"))?;
             let js = jetstream::new(client.clone());
             let bucket = format!("{}-registry", config.bucket_prefix);
-            let index = match js.get_key_value(&bucket).await {
-                Ok(store) => store,
-                Err(_) => {
-                    // The stream a KV bucket is (ADR-8's layout, as async-nats makes it), created here:
-                    // async-nats's `create_key_value` first reads the account's info, whose reply from a
-                    // 2.9 server (Debian's) lacks fields it requires, and fails.
-                    js.get_or_create_stream(jetstream::stream::Config {
-                        name: format!("KV_{bucket}"),
-                        description: Some(
-                            "voicehost: the registry's index (tenants, agents, versions)".into(),
-                        ),
-                        subjects: vec![format!("$KV.{bucket}.>")],
-                        max_messages_per_subject: 8,
-                        storage: jetstream::stream::StorageType::File,
-                        num_replicas: config.replicas,
-                        allow_rollup: true,
-                        deny_delete: true,
-                        allow_direct: true,
-                        discard: jetstream::stream::DiscardPolicy::New,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| anyhow::anyhow!("cannot create the KV bucket {bucket}: {e}"))?;
-                    js.get_key_value(&bucket)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("cannot open the KV bucket {bucket}: {e}"))?
-                }
-            };
+            let index = open_kv(
+                &js,
+                &bucket,
+                "the registry's index (tenants, agents, versions)",
+                8,
+                Duration::ZERO,
+                jetstream::stream::StorageType::File,
+                config.replicas,
+            )
+            .await?;
+            let bucket = format!("{}-calls", config.bucket_prefix);
+            let calls = open_kv(
+                &js,
+                &bucket,
+                "each host's live calls per tenant",
+                1,
+                CALLS_TTL,
+                jetstream::stream::StorageType::Memory,
+                config.replicas,
+            )
+            .await?;
             let bucket = format!("{}-components", config.bucket_prefix);
             let components = match js.get_object_store(&bucket).await {
                 Ok(store) => store,
@@ -122,9 +129,9 @@ impl NatsStore {
                         anyhow::anyhow!("cannot open or create the object store {bucket}: {e}")
                     })?,
             };
-            anyhow::Ok((client, index, components))
+            anyhow::Ok((client, index, components, calls))
         });
-        let (client, index, components) = match opened {
+        let (client, index, components, calls) = match opened {
             Ok(opened) => opened,
             Err(error) => {
                 // Wherever the host opens its registry, an async context included: not waited for.
@@ -134,12 +141,14 @@ impl NatsStore {
         };
         let (tx, changes) = watch::channel(0);
         let follower = runtime.spawn(follow(index.clone(), tx));
-        tracing::info!(host_id, servers = %config.servers.join(","), "cluster: the registry is on NATS JetStream");
+        tracing::info!(%host_id, servers = %config.servers.join(","), "cluster: the registry is on NATS JetStream");
         Ok(NatsStore {
             runtime: Some(runtime),
             client,
             index,
             components,
+            calls,
+            host_id,
             changes,
             follower,
         })
@@ -170,6 +179,89 @@ impl NatsStore {
                 })
         })
     }
+}
+
+impl NatsStore {
+    /// Tells the other hosts this host's live calls per tenant, and returns theirs added up per tenant
+    /// (hosts whose counts are older than [`CALLS_TTL`] are gone from the bucket).
+    pub async fn share_calls(
+        &self,
+        mine: BTreeMap<String, usize>,
+    ) -> Result<BTreeMap<String, usize>, StoreError> {
+        let (calls, host_id) = (self.calls.clone(), self.host_id.clone());
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("the runtime lives as long as the store");
+        let exchange = runtime.spawn(async move {
+            let value = serde_json::to_vec(&mine).map_err(|e| StoreError::Io(e.into()))?;
+            calls.put(&host_id, value.into()).await.map_err(unavailable)?;
+            let mut others = BTreeMap::new();
+            let mut keys = calls.keys().await.map_err(unavailable)?;
+            while let Some(host) = keys.next().await {
+                let host = host.map_err(unavailable)?;
+                if host == host_id {
+                    continue;
+                }
+                let Some(value) = calls.get(&host).await.map_err(unavailable)? else {
+                    continue;
+                };
+                // Another host's counts that do not parse are not counted (and said).
+                match serde_json::from_slice::<BTreeMap<String, usize>>(&value) {
+                    Ok(counts) => {
+                        for (tenant, live) in counts {
+                            let total: &mut usize = others.entry(tenant).or_default();
+                            *total = total.saturating_add(live);
+                        }
+                    }
+                    Err(error) => tracing::warn!(host, %error, "cluster: another host's call counts do not parse"),
+                }
+            }
+            Ok(others)
+        });
+        tokio::time::timeout(CALL_TIMEOUT, exchange)
+            .await
+            .map_err(|_| StoreError::Unavailable("NATS did not answer in time".into()))?
+            .unwrap_or_else(|e| Err(unavailable(e)))
+    }
+}
+
+/// Opens the KV bucket `bucket`, creating it if missing with this history, entry age (zero: forever),
+/// storage and copies.
+async fn open_kv(
+    js: &jetstream::Context,
+    bucket: &str,
+    what: &str,
+    history: i64,
+    max_age: Duration,
+    storage: jetstream::stream::StorageType,
+    replicas: usize,
+) -> anyhow::Result<kv::Store> {
+    if let Ok(store) = js.get_key_value(bucket).await {
+        return Ok(store);
+    }
+    // The stream a KV bucket is (ADR-8's layout, as async-nats makes it), created here: async-nats's
+    // `create_key_value` first reads the account's info, whose reply from a 2.9 server (Debian's) lacks
+    // fields it requires, and fails.
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: format!("KV_{bucket}"),
+        description: Some(format!("voicehost: {what}")),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: history,
+        max_age,
+        storage,
+        num_replicas: replicas,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: jetstream::stream::DiscardPolicy::New,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("cannot create the KV bucket {bucket}: {e}"))?;
+    js.get_key_value(bucket)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open the KV bucket {bucket}: {e}"))
 }
 
 impl Drop for NatsStore {

@@ -3,7 +3,7 @@
 //! admin API activates, rolls back, or deletes versions. Registry changes happen one at a time, under one
 //! lock; serving calls never takes it.
 
-use super::cluster::NatsStore;
+use super::cluster::{self, NatsStore};
 use super::compiling::{CompileQueue, Payer, Turn, UploadSlots};
 use super::config::{reservations_fit, ServeConfig, Tenant, TokenHash};
 use super::quota::{Quota, Usage};
@@ -152,8 +152,12 @@ pub struct Tenancy {
     tenants: RwLock<Tenants>,
     metrics_token: RwLock<Option<TokenHash>>,
     registry: Arc<tokio::sync::Mutex<Registry>>,
-    /// The registry's store when other hosts share it (`[cluster]`): followed for their changes.
-    shared: Option<Arc<dyn ComponentStore>>,
+    /// The registry's store when other hosts share it (`[cluster]`): followed for their changes, and
+    /// where the hosts tell each other their live calls.
+    shared: Option<Arc<NatsStore>>,
+    /// In a cluster, the other hosts' live calls per tenant, as last told: each tenant's cap here is its
+    /// `max_sessions` less these.
+    elsewhere: Mutex<BTreeMap<String, usize>>,
     /// Other hosts' changes to the shared registry this host has taken (see [`Tenancy::follow`]).
     pub cluster_changes: Counter,
     running: Mutex<BTreeMap<(String, String), Running>>,
@@ -208,14 +212,17 @@ impl Tenancy {
             ensure_writable(&dir)
                 .map_err(|e| anyhow::anyhow!("data_dir: cannot write in {}: {e}", dir.display()))?;
         }
+        let shared = match &config.cluster {
+            Some(cluster) => Some(Arc::new(NatsStore::connect(cluster)?)),
+            None => None,
+        };
         let store: Arc<dyn ComponentStore> =
-            match &config.cluster {
-                Some(cluster) => Arc::new(NatsStore::connect(cluster)?),
+            match &shared {
+                Some(shared) => shared.clone(),
                 None => Arc::new(DiskStore::new(config.data_dir.join("components")).map_err(
                     |e| anyhow::anyhow!("cannot open {}: {e}", config.data_dir.display()),
                 )?),
             };
-        let shared = store.changes().is_some().then(|| store.clone());
         let registry = Registry::open(store)?;
         // Uploads are received here: what a killed host left is removed.
         let uploads_dir = config.data_dir.join("uploads");
@@ -249,6 +256,7 @@ impl Tenancy {
             tenants: RwLock::new(tenants),
             registry: Arc::new(tokio::sync::Mutex::new(registry)),
             shared,
+            elsewhere: Mutex::new(BTreeMap::new()),
             cluster_changes: Counter::default(),
             running: Mutex::new(BTreeMap::new()),
             loading: Mutex::new(BTreeSet::new()),
@@ -301,6 +309,8 @@ impl Tenancy {
         let task = tokio::spawn(async move {
             let mut sweep = tokio::time::interval(SWEEP_EVERY);
             sweep.tick().await;
+            let mut share = tokio::time::interval(cluster::SHARE_EVERY);
+            share.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     changed = changes.changed() => {
@@ -310,6 +320,7 @@ impl Tenancy {
                         tenancy.take_changes().await;
                     }
                     _ = sweep.tick() => tenancy.sweep().await,
+                    _ = share.tick() => tenancy.share_calls().await,
                 }
             }
         });
@@ -391,6 +402,38 @@ impl Tenancy {
             }
         });
         futures_util::future::join_all(each).await;
+    }
+
+    /// Tells the other hosts this host's live calls per tenant and caps each tenant's calls here at its
+    /// `max_sessions` less theirs. Unreachable, the counts last told stay (a cap is not lifted because
+    /// NATS is down).
+    async fn share_calls(&self) {
+        let Some(shared) = &self.shared else { return };
+        let mine: BTreeMap<String, usize> = self
+            .tenants
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, (_, gate))| (id.clone(), gate.live()))
+            .collect();
+        match shared.share_calls(mine).await {
+            Ok(others) => {
+                *self.elsewhere.lock().unwrap_or_else(|p| p.into_inner()) = others;
+                let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+                for (tenant, gate) in tenants.values() {
+                    gate.set_cap(self.session_cap(tenant));
+                }
+            }
+            Err(error) => tracing::debug!(%error, "cluster: cannot share the live calls"),
+        }
+    }
+
+    /// The tenant's cap on calls on this host: its `max_sessions`, less the calls other hosts of the
+    /// cluster hold for it.
+    fn session_cap(&self, tenant: &Tenant) -> usize {
+        let elsewhere = self.elsewhere.lock().unwrap_or_else(|p| p.into_inner());
+        let others = elsewhere.get(&tenant.id).copied().unwrap_or(0);
+        tenant.limits.max_sessions.saturating_sub(others)
     }
 
     /// Deletes the shared store's components no version refers to (an upload that failed after its put,
@@ -604,10 +647,10 @@ impl Tenancy {
                         if old.api_key.expose() != tenant.api_key.expose() {
                             rekeyed.push(tenant.id.clone());
                         }
-                        gate.set_cap(tenant.limits.max_sessions);
+                        gate.set_cap(self.session_cap(&tenant));
                         gate.clone()
                     }
-                    None => Gate::new(tenant.limits.max_sessions),
+                    None => Gate::new(self.session_cap(&tenant)),
                 };
                 next.insert(tenant.id.clone(), (Arc::new(tenant), gate));
             }

@@ -26,10 +26,17 @@ struct Cluster {
     sim: Sim,
     hosts: Vec<Served>,
     dir: PathBuf,
+    /// What the tenant's `[[tenants]]` table says besides its id, token and key.
+    acme: String,
 }
 
 impl Cluster {
     async fn start(name: &str) -> Cluster {
+        Cluster::start_with(name, "").await
+    }
+
+    /// [`Cluster::start`], with `acme` appended to the tenant's table (its limits).
+    async fn start_with(name: &str, acme: &str) -> Cluster {
         voicehost_testkit::init_tracing();
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("cluster-{name}-{}", std::process::id()));
@@ -52,6 +59,7 @@ impl Cluster {
             sim,
             hosts: Vec::new(),
             dir,
+            acme: acme.to_string(),
         };
         for id in ["a", "b", "c"] {
             let host = cluster.host(id);
@@ -71,10 +79,11 @@ impl Cluster {
             format!(
                 "data_dir = \"data-{id}\"\nsent_url = \"{}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
                  [cluster]\nservers = [\"{}\"]\nhost_id = \"{id}\"\n\
-                 [[tenants]]\nid = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_file = \"acme.key\"\n",
+                 [[tenants]]\nid = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_file = \"acme.key\"\n{}\n",
                 self.sim.url(),
                 self.nats.url(),
                 token_sha256(TOKEN),
+                self.acme,
             ),
         )
         .unwrap();
@@ -368,4 +377,84 @@ async fn a_host_cut_off_from_nats_keeps_its_calls_and_catches_up() {
         call.say("echo after");
         call.expect_say("after").await.unwrap();
     }
+}
+
+/// Starts a call on `conn` and says whether the agent took it (its greeting) or the tenant's cap refused
+/// it (the failure policy's transfer); the call is hung up either way unless kept.
+async fn admitted(conn: &sentsim::ConnHandle) -> (bool, sentsim::Call) {
+    let mut call = conn.start_text();
+    let first = call
+        .expect_frame("a greeting or a transfer", |_| true)
+        .await
+        .unwrap();
+    let admitted = first["type"] == "agent.say";
+    if !admitted {
+        assert_eq!(first["name"], "transfer", "{first}");
+    }
+    (admitted, call)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_session_cap_holds_across_the_hosts() {
+    let cluster = Cluster::start_with("cap", "[tenants.limits]\nmax_sessions = 2").await;
+    let (status, body) = cluster
+        .api(0, "POST", &Cluster::upload_path(true), guest("conformance"))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let policy = br#"{"action":"transfer","to":{"kind":"number","value":"+14155550100"}}"#;
+    let (status, body) = cluster
+        .api(
+            0,
+            "PUT",
+            &format!("/v1/agents/{AGENT}/failure-policy"),
+            policy.to_vec(),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    cluster.all_serve(1).await;
+    for host in 0..3 {
+        cluster
+            .until(host, |_, agent| {
+                agent["failure_policy"]["action"] == "transfer"
+            })
+            .await;
+    }
+    let conns = cluster.sim.usable_connections(AGENT);
+    assert_eq!(conns.len(), 3, "one connection per host");
+    // Two calls on two hosts: the tenant's two.
+    let (first, mut one) = admitted(&conns[0]).await;
+    let (second, two) = admitted(&conns[1]).await;
+    assert!(first && second, "two calls fit a cap of two");
+    // On the third host a call is refused once the counts have reached it (every 2 s).
+    let deadline = Instant::now() + CONVERGE_WITHIN;
+    loop {
+        let (taken, call) = admitted(&conns[2]).await;
+        call.end("caller_hung_up");
+        if !taken {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the third host never counted the others' calls"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Once one ends, there is room again on the third.
+    one.say("echo bye");
+    one.expect_say("bye").await.unwrap();
+    one.end("caller_hung_up");
+    let deadline = Instant::now() + CONVERGE_WITHIN;
+    loop {
+        let (taken, call) = admitted(&conns[2]).await;
+        call.end("caller_hung_up");
+        if taken {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the ended call was never taken off the count"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    two.end("caller_hung_up");
 }
