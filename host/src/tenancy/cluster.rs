@@ -20,7 +20,7 @@ use super::registry::{ComponentStore, StoreError, StoredIndex};
 use crate::content::{Digest, Spooled};
 use async_nats::jetstream::{self, kv, object_store};
 use futures_util::StreamExt as _;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -50,6 +50,12 @@ pub struct NatsStore {
     client: async_nats::Client,
     index: kv::Store,
     components: object_store::ObjectStore,
+    /// The object store's stream, whose chunk subjects a put cut short leaves behind.
+    chunks: jetstream::stream::Stream,
+    /// The chunks' prefix: `$O.<bucket>.C.`, then the object's nuid.
+    chunk_prefix: String,
+    /// Chunks no object referred to at the last sweep: purged if still so at the next.
+    suspected: std::sync::Mutex<BTreeSet<String>>,
     /// Each host's live calls per tenant, under its id.
     calls: kv::Store,
     host_id: String,
@@ -91,10 +97,9 @@ impl NatsStore {
                 })?
                 .map_err(|e| anyhow::anyhow!("cannot connect to NATS ({servers}): {e}"))?;
             let js = jetstream::new(client.clone());
-            let bucket = format!("{}-registry", config.bucket_prefix);
             let index = open_kv(
                 &js,
-                &bucket,
+                &format!("{}-registry", config.bucket_prefix),
                 "the registry's index (tenants, agents, versions)",
                 8,
                 Duration::ZERO,
@@ -102,10 +107,9 @@ impl NatsStore {
                 config.replicas,
             )
             .await?;
-            let bucket = format!("{}-calls", config.bucket_prefix);
             let calls = open_kv(
                 &js,
-                &bucket,
+                &format!("{}-calls", config.bucket_prefix),
                 "each host's live calls per tenant",
                 1,
                 CALLS_TTL,
@@ -129,9 +133,13 @@ impl NatsStore {
                         anyhow::anyhow!("cannot open or create the object store {bucket}: {e}")
                     })?,
             };
-            anyhow::Ok((client, index, components, calls))
+            let chunks = js.get_stream(format!("OBJ_{bucket}")).await.map_err(|e| {
+                anyhow::anyhow!("cannot open the object store's stream OBJ_{bucket}: {e}")
+            })?;
+            let chunk_prefix = format!("$O.{bucket}.C.");
+            anyhow::Ok((client, index, components, calls, chunks, chunk_prefix))
         });
-        let (client, index, components, calls) = match opened {
+        let (client, index, components, calls, chunks, chunk_prefix) = match opened {
             Ok(opened) => opened,
             Err(error) => {
                 // Wherever the host opens its registry, an async context included: not waited for.
@@ -147,6 +155,9 @@ impl NatsStore {
             client,
             index,
             components,
+            chunks,
+            chunk_prefix,
+            suspected: Default::default(),
             calls,
             host_id,
             changes,
@@ -182,6 +193,58 @@ impl NatsStore {
 }
 
 impl NatsStore {
+    /// Purges the chunks no object refers to: what a put cut short (its host killed, NATS lost meanwhile)
+    /// left. A chunk is purged only when it was found so at the sweep before too: a put in progress now
+    /// is done long before the next sweep (a put takes at most 120 s). Returns how many objects' chunks
+    /// were purged.
+    pub fn sweep_chunks(&self) -> Result<usize, StoreError> {
+        self.call(TRANSFER_TIMEOUT, async {
+            let mut live = BTreeSet::new();
+            let mut listed = self.components.list().await.map_err(unavailable)?;
+            while let Some(info) = listed.next().await {
+                live.insert(info.map_err(unavailable)?.nuid);
+            }
+            let mut subjects = self
+                .chunks
+                .info_with_subjects(format!("{}>", self.chunk_prefix))
+                .await
+                .map_err(unavailable)?;
+            let mut orphans = BTreeSet::new();
+            while let Some(subject) = subjects.next().await {
+                let (subject, _) = subject.map_err(unavailable)?;
+                match subject.strip_prefix(&self.chunk_prefix) {
+                    Some(nuid) if !live.contains(nuid) => orphans.insert(nuid.to_string()),
+                    _ => false,
+                };
+            }
+            let purge: Vec<String> = {
+                let mut suspected = self.suspected.lock().unwrap_or_else(|p| p.into_inner());
+                let purge = orphans.intersection(&suspected).cloned().collect();
+                *suspected = orphans;
+                purge
+            };
+            for nuid in &purge {
+                let subject = format!("{}{nuid}", self.chunk_prefix);
+                self.chunks
+                    .purge()
+                    .filter(&subject)
+                    .await
+                    .map_err(unavailable)?;
+                self.suspected
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(nuid);
+            }
+            if !purge.is_empty() {
+                tracing::info!(
+                    objects = purge.len(),
+                    "cluster: purged the chunks of puts cut short"
+                );
+            }
+            Ok(purge.len())
+        })
+    }
+
     /// Tells the other hosts this host's live calls per tenant, and returns theirs added up per tenant
     /// (hosts whose counts are older than [`CALLS_TTL`] are gone from the bucket).
     pub async fn share_calls(

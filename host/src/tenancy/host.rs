@@ -439,6 +439,17 @@ impl Tenancy {
     /// Deletes the shared store's components no version refers to (an upload that failed after its put,
     /// a deletion whose component was still young): see [`super::cluster::DELETE_AFTER`].
     async fn sweep(&self) {
+        if let Some(shared) = self.shared.clone() {
+            match blocking(move || shared.sweep_chunks()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "cluster: cannot sweep the chunks of puts cut short")
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cluster: cannot sweep the chunks of puts cut short")
+                }
+            }
+        }
         let registry = self.registry.clone().lock_owned().await;
         match written(registry, |r| r.sweep()).await {
             Ok((_, Ok(asked))) if !asked.is_empty() => {

@@ -3,7 +3,7 @@
 //! agent per active version: upload, activation, rollback, deletion, the failure policy) and [`compiling`]
 //! (whose compile runs when).
 
-mod cluster;
+pub mod cluster;
 mod compiling;
 mod config;
 mod host;
@@ -17,4 +17,4 @@ pub use config::{
 };
 pub use host::{check_agent_id, AgentStatus, ServeError, Tenancy, UploadSlot};
 pub use quota::{Quota, Usage};
-pub use registry::{AgentRecord, RegistryError, StoreError, VersionRecord};
+pub use registry::{AgentRecord, ComponentStore, RegistryError, StoreError, VersionRecord};

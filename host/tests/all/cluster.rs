@@ -458,3 +458,70 @@ async fn a_tenants_session_cap_holds_across_the_hosts() {
     }
     two.end("caller_hung_up");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_of_a_put_cut_short_are_purged_at_the_second_sweep_and_components_are_kept() {
+    use voicehost::tenancy::cluster::NatsStore;
+    use voicehost::tenancy::ComponentStore as _;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("cluster-chunks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nats = Nats::start(dir.join("nats"));
+    let config = voicehost::tenancy::ClusterConfig {
+        servers: vec![nats.url()],
+        credentials: None,
+        host_id: Some("sweeper".into()),
+        bucket_prefix: "voicehost".into(),
+        replicas: 1,
+    };
+    let store = std::sync::Arc::new(NatsStore::connect(&config).unwrap());
+    let kept = voicehost::content::Spooled::from_bytes(&dir, b"\0asm a component").unwrap();
+    let digest = {
+        let store = store.clone();
+        tokio::task::spawn_blocking(move || store.put(kept))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    // A put cut short: chunks published, no object's metadata naming them.
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.publish(
+        "$O.voicehost-components.C.cutshort",
+        "half a component".into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let chunk_messages = |js: async_nats::jetstream::Context| async move {
+        let mut stream = js.get_stream("OBJ_voicehost-components").await.unwrap();
+        stream.info().await.unwrap().state.messages
+    };
+    let before = chunk_messages(js.clone()).await;
+    let sweep = |store: std::sync::Arc<NatsStore>| async move {
+        tokio::task::spawn_blocking(move || store.sweep_chunks())
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(
+        sweep(store.clone()).await,
+        0,
+        "the first sweep only notes it"
+    );
+    assert_eq!(chunk_messages(js.clone()).await, before);
+    assert_eq!(sweep(store.clone()).await, 1, "the second purges it");
+    assert_eq!(chunk_messages(js.clone()).await, before - 1);
+    let store2 = store.clone();
+    let read = tokio::task::spawn_blocking(move || store2.get(&digest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        read, b"\0asm a component",
+        "a component's chunks are never taken"
+    );
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}
