@@ -40,6 +40,8 @@ pub const DELETE_AFTER: Duration = Duration::from_secs(3600);
 pub const SHARE_EVERY: Duration = Duration::from_secs(2);
 /// How long a host's counts are kept once it stops telling them (it stopped or lost NATS).
 const CALLS_TTL: Duration = Duration::from_secs(30);
+/// How long the host waits for JetStream to answer at start (a NATS cluster electing its leader).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the host waits for NATS at start before it gives up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -87,7 +89,13 @@ impl NatsStore {
                     .map_err(|e| anyhow::anyhow!("cluster.credentials {}: {e}", path.display()))?;
             }
             let servers = config.servers.join(",");
-            let client = tokio::time::timeout(CONNECT_TIMEOUT, options.connect(servers.as_str()))
+            let addrs = config
+                .servers
+                .iter()
+                .map(|server| server.parse::<async_nats::ServerAddr>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| anyhow::anyhow!("cluster.servers ({servers}): {e}"))?;
+            let client = tokio::time::timeout(CONNECT_TIMEOUT, options.connect(addrs))
                 .await
                 .map_err(|_| {
                     anyhow::anyhow!(
@@ -97,46 +105,25 @@ impl NatsStore {
                 })?
                 .map_err(|e| anyhow::anyhow!("cannot connect to NATS ({servers}): {e}"))?;
             let js = jetstream::new(client.clone());
-            let index = open_kv(
-                &js,
-                &format!("{}-registry", config.bucket_prefix),
-                "the registry's index (tenants, agents, versions)",
-                8,
-                Duration::ZERO,
-                jetstream::stream::StorageType::File,
-                config.replicas,
-            )
-            .await?;
-            let calls = open_kv(
-                &js,
-                &format!("{}-calls", config.bucket_prefix),
-                "each host's live calls per tenant",
-                1,
-                CALLS_TTL,
-                jetstream::stream::StorageType::Memory,
-                config.replicas,
-            )
-            .await?;
-            let bucket = format!("{}-components", config.bucket_prefix);
-            let components = match js.get_object_store(&bucket).await {
-                Ok(store) => store,
-                Err(_) => js
-                    .create_object_store(object_store::Config {
-                        bucket: bucket.clone(),
-                        description: Some("voicehost: agents' components by SHA-256".into()),
-                        storage: jetstream::stream::StorageType::File,
-                        num_replicas: config.replicas,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| {
-                        anyhow::anyhow!("cannot open or create the object store {bucket}: {e}")
-                    })?,
+            // A NATS cluster starting beside the hosts answers JetStream only once it has a leader.
+            let deadline = tokio::time::Instant::now() + OPEN_TIMEOUT;
+            let buckets = loop {
+                match Buckets::open(&js, config).await {
+                    Ok(buckets) => break buckets,
+                    Err(error) if tokio::time::Instant::now() < deadline => {
+                        tracing::info!(%error, "cluster: JetStream not ready yet; trying again");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(error) => return Err(error),
+                }
             };
-            let chunks = js.get_stream(format!("OBJ_{bucket}")).await.map_err(|e| {
-                anyhow::anyhow!("cannot open the object store's stream OBJ_{bucket}: {e}")
-            })?;
-            let chunk_prefix = format!("$O.{bucket}.C.");
+            let Buckets {
+                index,
+                calls,
+                components,
+                chunks,
+                chunk_prefix,
+            } = buckets;
             anyhow::Ok((client, index, components, calls, chunks, chunk_prefix))
         });
         let (client, index, components, calls, chunks, chunk_prefix) = match opened {
@@ -286,6 +273,68 @@ impl NatsStore {
             .await
             .map_err(|_| StoreError::Unavailable("NATS did not answer in time".into()))?
             .unwrap_or_else(|e| Err(unavailable(e)))
+    }
+}
+
+/// The buckets (and the object store's stream) a host uses.
+struct Buckets {
+    index: kv::Store,
+    calls: kv::Store,
+    components: object_store::ObjectStore,
+    chunks: jetstream::stream::Stream,
+    chunk_prefix: String,
+}
+
+impl Buckets {
+    /// Opens each bucket, creating the missing ones.
+    async fn open(js: &jetstream::Context, config: &ClusterConfig) -> anyhow::Result<Buckets> {
+        let index = open_kv(
+            js,
+            &format!("{}-registry", config.bucket_prefix),
+            "the registry's index (tenants, agents, versions)",
+            8,
+            Duration::ZERO,
+            jetstream::stream::StorageType::File,
+            config.replicas,
+        )
+        .await?;
+        let calls = open_kv(
+            js,
+            &format!("{}-calls", config.bucket_prefix),
+            "each host's live calls per tenant",
+            1,
+            CALLS_TTL,
+            jetstream::stream::StorageType::Memory,
+            config.replicas,
+        )
+        .await?;
+        let bucket = format!("{}-components", config.bucket_prefix);
+        let components = match js.get_object_store(&bucket).await {
+            Ok(store) => store,
+            Err(_) => js
+                .create_object_store(object_store::Config {
+                    bucket: bucket.clone(),
+                    description: Some("voicehost: agents' components by SHA-256".into()),
+                    storage: jetstream::stream::StorageType::File,
+                    num_replicas: config.replicas,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!("cannot open or create the object store {bucket}: {e}")
+                })?,
+        };
+        let chunks = js.get_stream(format!("OBJ_{bucket}")).await.map_err(|e| {
+            anyhow::anyhow!("cannot open the object store's stream OBJ_{bucket}: {e}")
+        })?;
+        let chunk_prefix = format!("$O.{bucket}.C.");
+        Ok(Buckets {
+            index,
+            calls,
+            components,
+            chunks,
+            chunk_prefix,
+        })
     }
 }
 

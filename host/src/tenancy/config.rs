@@ -95,7 +95,9 @@ impl ClusterConfig {
         for server in &self.servers {
             let scheme = server.split_once("://").map(|(scheme, _)| scheme);
             anyhow::ensure!(
-                matches!(scheme, Some("nats" | "tls")) && server.len() <= 512,
+                matches!(scheme, Some("nats" | "tls"))
+                    && server.len() <= 512
+                    && server.parse::<async_nats::ServerAddr>().is_ok(),
                 "cluster.servers: {server:?} is not a nats:// or tls:// URL"
             );
         }

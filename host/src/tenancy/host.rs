@@ -158,6 +158,9 @@ pub struct Tenancy {
     /// In a cluster, the other hosts' live calls per tenant, as last told: each tenant's cap here is its
     /// `max_sessions` less these.
     elsewhere: Mutex<BTreeMap<String, usize>>,
+    /// In a cluster, the versions another host made active that this host is compiling to switch to:
+    /// (tenant, agent, version).
+    switching: Mutex<BTreeSet<(String, String, u32)>>,
     /// Other hosts' changes to the shared registry this host has taken (see [`Tenancy::follow`]).
     pub cluster_changes: Counter,
     running: Mutex<BTreeMap<(String, String), Running>>,
@@ -257,6 +260,7 @@ impl Tenancy {
             registry: Arc::new(tokio::sync::Mutex::new(registry)),
             shared,
             elsewhere: Mutex::new(BTreeMap::new()),
+            switching: Mutex::new(BTreeSet::new()),
             cluster_changes: Counter::default(),
             running: Mutex::new(BTreeMap::new()),
             loading: Mutex::new(BTreeSet::new()),
@@ -311,6 +315,9 @@ impl Tenancy {
             sweep.tick().await;
             let mut share = tokio::time::interval(cluster::SHARE_EVERY);
             share.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut recheck = tokio::time::interval(cluster::RECHECK);
+            recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            recheck.tick().await;
             loop {
                 tokio::select! {
                     changed = changes.changed() => {
@@ -321,6 +328,10 @@ impl Tenancy {
                     }
                     _ = sweep.tick() => tenancy.sweep().await,
                     _ = share.tick() => tenancy.share_calls().await,
+                    _ = recheck.tick() => {
+                        let registry = tenancy.registry.clone().lock_owned().await;
+                        tenancy.serve_what_it_says(registry).await;
+                    }
                 }
             }
         });
@@ -350,6 +361,18 @@ impl Tenancy {
         };
         self.cluster_changes.inc();
         unused.iter().for_each(|digest| self.sandbox.forget(digest));
+        tracing::info!(
+            revision = registry.revision(),
+            "cluster: another host changed the registry"
+        );
+        self.serve_what_it_says(registry).await;
+    }
+
+    /// Makes what this host serves what `registry` says: agents no longer active stop, those whose
+    /// active version is another switch to it once it is compiled, the others take its failure policy,
+    /// and active agents not served yet are served. What failed (a component NATS could not give while it
+    /// moved a leader) is tried again at the next call: in a cluster, every [`cluster::RECHECK`].
+    async fn serve_what_it_says(self: &Arc<Tenancy>, registry: Locked) {
         let mut stopping = Vec::new();
         let mut switching = Vec::new();
         {
@@ -368,17 +391,17 @@ impl Tenancy {
                             rules: self.rules(&tenant, &agent, record),
                         }));
                     }
-                    (Some(_), Some(version)) => switching.push((tenant, agent, version.clone())),
+                    (Some(_), Some(version)) => {
+                        let switch = (tenant, agent, version.version);
+                        // Not twice at once: one already compiling it serves it.
+                        if self.switching().insert(switch.clone()) {
+                            switching.push((switch.0, switch.1, version.clone()));
+                        }
+                    }
                     _ => stopping.extend(running.remove(&key(&tenant, &agent))),
                 }
             }
         }
-        tracing::info!(
-            revision = registry.revision(),
-            stopping = stopping.len(),
-            switching = switching.len(),
-            "cluster: another host changed the registry"
-        );
         drop(registry);
         stop_all(stopping).await;
         let to_compile = self.serve_cached().await;
@@ -397,9 +420,11 @@ impl Tenancy {
             match self.code(&tenant, &agent, version.version, Payer::Host).await {
                 Ok((code, _)) => self.serve_if_active(&tenant, &agent, &version, code).await,
                 Err(error) => {
-                    tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the version another host made active")
+                    tracing::error!(tenant, agent, version = version.version, %error, "cannot serve the version another host made active: tried again in 10 s")
                 }
             }
+            self.switching()
+                .remove(&(tenant, agent, version.version));
         });
         futures_util::future::join_all(each).await;
     }
@@ -471,6 +496,10 @@ impl Tenancy {
     /// Whether the registry is shared with other hosts (`[cluster]`).
     pub fn clustered(&self) -> bool {
         self.shared.is_some()
+    }
+
+    fn switching(&self) -> std::sync::MutexGuard<'_, BTreeSet<(String, String, u32)>> {
+        self.switching.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn background(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {

@@ -22,7 +22,8 @@ const CONVERGE_WITHIN: Duration = Duration::from_secs(30);
 
 /// NATS, the simulator and three hosts sharing one registry.
 struct Cluster {
-    nats: Nats,
+    /// One server, or the servers of a NATS cluster.
+    nats: Vec<Nats>,
     sim: Sim,
     hosts: Vec<Served>,
     dir: PathBuf,
@@ -37,12 +38,20 @@ impl Cluster {
 
     /// [`Cluster::start`], with `acme` appended to the tenant's table (its limits).
     async fn start_with(name: &str, acme: &str) -> Cluster {
+        Cluster::start_on(name, acme, 1).await
+    }
+
+    /// [`Cluster::start_with`] on a NATS cluster of `servers` (JetStream keeping each bucket on each).
+    async fn start_on(name: &str, acme: &str, servers: usize) -> Cluster {
         voicehost_testkit::init_tracing();
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("cluster-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let nats = Nats::start(dir.join("nats"));
+        let nats = match servers {
+            1 => vec![Nats::start(dir.join("nats"))],
+            n => Nats::cluster(dir.join("nats"), n),
+        };
         let sim = Sim::start_local(SimConfig {
             heartbeat_interval_ms: 1000,
             accounts: vec![Account {
@@ -77,11 +86,16 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "data_dir = \"data-{id}\"\nsent_url = \"{}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-                 [cluster]\nservers = [\"{}\"]\nhost_id = \"{id}\"\n\
+                "data_dir = \"data-{id}\"\nsent_url = \"{}\"\n[admin]\nlisten = \"127.0.0.1:0\"\nrequests_per_second = 100000\n\
+                 [cluster]\nservers = [{}]\nhost_id = \"{id}\"\nreplicas = {}\n\
                  [[tenants]]\nid = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_file = \"acme.key\"\n{}\n",
                 self.sim.url(),
-                self.nats.url(),
+                self.nats
+                    .iter()
+                    .map(|nats| format!("\"{}\"", nats.url()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.nats.len(),
                 token_sha256(TOKEN),
                 self.acme,
             ),
@@ -144,7 +158,7 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.hosts.clear();
-        self.nats.kill();
+        self.nats.iter_mut().for_each(Nats::kill);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -294,7 +308,7 @@ async fn a_host_cut_off_from_nats_keeps_its_calls_and_catches_up() {
             .unwrap();
     }
 
-    cluster.nats.kill();
+    cluster.nats[0].kill();
     for host in 0..3 {
         let deadline = Instant::now() + CONVERGE_WITHIN;
         loop {
@@ -347,7 +361,7 @@ async fn a_host_cut_off_from_nats_keeps_its_calls_and_catches_up() {
         "{metrics}"
     );
 
-    cluster.nats.restart();
+    cluster.nats[0].restart();
     for host in 0..3 {
         let deadline = Instant::now() + CONVERGE_WITHIN;
         while request(&cluster.hosts[host].admin, "GET", "/healthz", None, vec![])
@@ -524,4 +538,65 @@ async fn chunks_of_a_put_cut_short_are_purged_at_the_second_sweep_and_components
     );
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hosts_keep_serving_and_converging_when_one_of_three_nats_servers_dies() {
+    let mut cluster = Cluster::start_on("nats-three", "", 3).await;
+    for (name, activate) in [("conformance", true), ("panicker", false)] {
+        let (status, body) = cluster
+            .api(0, "POST", &Cluster::upload_path(activate), guest(name))
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    cluster.all_serve(1).await;
+    let mut live: Vec<_> = cluster
+        .sim
+        .usable_connections(AGENT)
+        .iter()
+        .map(|conn| conn.start_text())
+        .collect();
+    for call in &mut live {
+        call.expect_say("Hello from the conformance agent.")
+            .await
+            .unwrap();
+    }
+    // The first server is every host's first: each loses its connection and takes another.
+    cluster.nats[0].kill();
+    let deadline = Instant::now() + CONVERGE_WITHIN;
+    loop {
+        let (status, body) = cluster
+            .api(
+                1,
+                "POST",
+                &format!("/v1/agents/{AGENT}/activate"),
+                br#"{"version":2}"#.to_vec(),
+            )
+            .await;
+        if status == 200 {
+            break;
+        }
+        // Until the host has reconnected (and JetStream moved its leaders), a change may be refused.
+        assert_eq!(
+            (status, &body["error"]["code"]),
+            (503, &json!("unavailable")),
+            "{body}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no change went through with two of three servers"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.all_serve(2).await;
+    every_connection_answers(&cluster.sim, "Hello from the panicker.").await;
+    for call in &mut live {
+        call.say("echo on version 1");
+        call.expect_say("on version 1").await.unwrap();
+    }
+    let (status, body) = cluster
+        .api(2, "POST", &format!("/v1/agents/{AGENT}/rollback"), vec![])
+        .await;
+    assert_eq!(status, 200, "{body}");
+    cluster.all_serve(1).await;
 }

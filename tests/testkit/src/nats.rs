@@ -12,6 +12,8 @@ pub struct Nats {
     child: Option<Child>,
     port: u16,
     store: PathBuf,
+    /// A member of a cluster: its name, cluster port and the others' (`--routes`).
+    cluster: Option<(String, u16, Vec<u16>)>,
 }
 
 impl Nats {
@@ -22,9 +24,41 @@ impl Nats {
             child: None,
             port: 0,
             store,
+            cluster: None,
         };
         nats.run();
         nats
+    }
+
+    /// `size` servers forming one JetStream cluster on loopback, each with its store under `dir`. They
+    /// take clients at once; JetStream answers once they have elected a leader (a few seconds).
+    pub fn cluster(dir: PathBuf, size: usize) -> Vec<Nats> {
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free(), free())).collect();
+        let routes: Vec<u16> = ports.iter().map(|(_, route)| *route).collect();
+        ports
+            .iter()
+            .enumerate()
+            .map(|(n, (port, route))| {
+                let store = dir.join(format!("n{n}"));
+                std::fs::create_dir_all(&store).unwrap();
+                let others = routes.iter().copied().filter(|r| r != route).collect();
+                let mut nats = Nats {
+                    child: None,
+                    port: *port,
+                    store,
+                    cluster: Some((format!("n{n}"), *route, others)),
+                };
+                nats.restart();
+                nats
+            })
+            .collect()
     }
 
     /// `nats://127.0.0.1:PORT`.
@@ -67,9 +101,28 @@ impl Nats {
         } else {
             self.port.to_string()
         };
-        let mut child = Command::new("nats-server")
+        let mut command = Command::new("nats-server");
+        command
             .args(["-js", "-a", "127.0.0.1", "-p", &port, "-sd"])
-            .arg(&self.store)
+            .arg(&self.store);
+        if let Some((name, route, others)) = &self.cluster {
+            let routes: Vec<String> = others
+                .iter()
+                .map(|port| format!("nats://127.0.0.1:{port}"))
+                .collect();
+            command
+                .args([
+                    "--name",
+                    name,
+                    "--server_name",
+                    name,
+                    "--cluster_name",
+                    "voicehost",
+                ])
+                .args(["--cluster", &format!("nats://127.0.0.1:{route}")])
+                .args(["--routes", &routes.join(",")]);
+        }
+        let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
