@@ -1269,6 +1269,30 @@ mod tests {
                 "connections = 0: use 1 to 16",
             ),
             (
+                "data_dir = \"d\"\n[cluster]\nservers = []",
+                "cluster.servers: name 1 to 64 NATS servers",
+            ),
+            (
+                "data_dir = \"d\"\n[cluster]\nservers = [\"http://nats:4222\"]",
+                "cluster.servers: \"http://nats:4222\" is not a nats:// or tls:// URL",
+            ),
+            (
+                "data_dir = \"d\"\n[cluster]\nservers = [\"nats://a:4222,nats://b:4222\"]",
+                "is not a nats:// or tls:// URL",
+            ),
+            (
+                "data_dir = \"d\"\n[cluster]\nservers = [\"nats://a:4222\"]\nhost_id = \"a b\"",
+                "cluster.host_id = \"a b\": use 1–64 letters",
+            ),
+            (
+                "data_dir = \"d\"\n[cluster]\nservers = [\"nats://a:4222\"]\nreplicas = 2",
+                "cluster.replicas = 2: use 1, 3 or 5",
+            ),
+            (
+                "data_dir = \"d\"\n[cluster]\nservers = [\"nats://a:4222\"]\nbucket_prefix = \"a.b\"",
+                "cluster.bucket_prefix = \"a.b\"",
+            ),
+            (
                 "data_dir = \"d\"\nconnections = 17",
                 "connections = 17: use 1 to 16",
             ),
