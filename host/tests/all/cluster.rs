@@ -153,6 +153,67 @@ impl Cluster {
     fn upload_path(activate: bool) -> String {
         format!("/v1/agents/{AGENT}/versions?activate={activate}")
     }
+
+    /// Uploads `name` through host `host`, active or not; returns the version.
+    async fn upload(&self, host: usize, name: &str, activate: bool) -> u64 {
+        let path = Cluster::upload_path(activate);
+        let (status, body) = self.api(host, "POST", &path, guest(name)).await;
+        assert_eq!(status, 201, "{body}");
+        body["version"].as_u64().unwrap()
+    }
+
+    /// The conformance agent as version 1, active and served by every host, and the panicker as 2.
+    async fn two_versions(&self) {
+        self.upload(0, "conformance", true).await;
+        self.upload(0, "panicker", false).await;
+        self.all_serve(1).await;
+    }
+
+    /// Activates `version` through host `host`: the answer.
+    async fn activate(&self, host: usize, version: u64) -> (u16, Value) {
+        let body = json!({ "version": version }).to_string().into_bytes();
+        let path = format!("/v1/agents/{AGENT}/activate");
+        self.api(host, "POST", &path, body).await
+    }
+
+    /// Sets the failure policy to a transfer through host `host`.
+    async fn transfer_on_failure(&self, host: usize) {
+        let policy = br#"{"action":"transfer","to":{"kind":"number","value":"+14155550100"}}"#;
+        let path = format!("/v1/agents/{AGENT}/failure-policy");
+        let (status, body) = self.api(host, "PUT", &path, policy.to_vec()).await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    /// A call on each of the agent's connections (one per host), greeted by version 1.
+    async fn live_calls(&self) -> Vec<sentsim::Call> {
+        let mut live: Vec<_> = self
+            .sim
+            .usable_connections(AGENT)
+            .iter()
+            .map(|conn| conn.start_text())
+            .collect();
+        for call in &mut live {
+            let hello = call.expect_say("Hello from the conformance agent.").await;
+            hello.unwrap();
+        }
+        live
+    }
+
+    /// Waits until every host says in `/healthz` that NATS is `reachable` or not (always 200).
+    async fn registry_reachable(&self, reachable: bool) {
+        for host in &self.hosts {
+            let deadline = Instant::now() + CONVERGE_WITHIN;
+            loop {
+                let (status, health) = request(&host.admin, "GET", "/healthz", None, vec![]).await;
+                assert_eq!(status, 200, "a host serves, NATS or not: {health}");
+                if health["registry_reachable"] == reachable {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{health}: never {reachable}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
 }
 
 impl Drop for Cluster {
@@ -177,27 +238,14 @@ async fn every_connection_answers(sim: &Sim, hello: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_through_any_host_is_served_by_every_host() {
     let cluster = Cluster::start("served").await;
-    let (status, one) = cluster
-        .api(0, "POST", &Cluster::upload_path(true), guest("conformance"))
-        .await;
-    assert_eq!(status, 201, "{one}");
+    assert_eq!(cluster.upload(0, "conformance", true).await, 1);
     cluster.all_serve(1).await;
     every_connection_answers(&cluster.sim, "Hello from the conformance agent.").await;
 
     // Uploaded through B: the next number of the shared index, not B's own first.
-    let (status, two) = cluster
-        .api(1, "POST", &Cluster::upload_path(false), guest("panicker"))
-        .await;
-    assert_eq!((status, &two["version"]), (201, &json!(2)), "{two}");
+    assert_eq!(cluster.upload(1, "panicker", false).await, 2);
     // Activated through C, rolled back through A.
-    let (status, body) = cluster
-        .api(
-            2,
-            "POST",
-            &format!("/v1/agents/{AGENT}/activate"),
-            br#"{"version":2}"#.to_vec(),
-        )
-        .await;
+    let (status, body) = cluster.activate(2, 2).await;
     assert_eq!(status, 200, "{body}");
     cluster.all_serve(2).await;
     every_connection_answers(&cluster.sim, "Hello from the panicker.").await;
@@ -208,21 +256,9 @@ async fn a_change_through_any_host_is_served_by_every_host() {
     cluster.all_serve(1).await;
 
     // A failure policy set through B applies on A.
-    let policy = br#"{"action":"transfer","to":{"kind":"number","value":"+14155550100"}}"#;
-    let (status, body) = cluster
-        .api(
-            1,
-            "PUT",
-            &format!("/v1/agents/{AGENT}/failure-policy"),
-            policy.to_vec(),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    cluster
-        .until(0, |_, agent| {
-            agent["failure_policy"]["action"] == "transfer"
-        })
-        .await;
+    cluster.transfer_on_failure(1).await;
+    let transfers = |_: u16, agent: &Value| agent["failure_policy"]["action"] == "transfer";
+    cluster.until(0, transfers).await;
 
     // Deleted through C: no host serves it, and its connections close.
     let (status, body) = cluster
@@ -234,10 +270,8 @@ async fn a_change_through_any_host_is_served_by_every_host() {
     }
     let deadline = Instant::now() + CONVERGE_WITHIN;
     while !cluster.sim.open_connections(Some(AGENT)).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the deleted agent's connections stay open"
-        );
+        let open = Instant::now() < deadline;
+        assert!(open, "the deleted agent's connections stay open");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -251,24 +285,11 @@ async fn changes_through_any_host_converge_on_every_host() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(20);
     let cluster = Cluster::start("converge").await;
-    for (name, activate) in [("conformance", true), ("panicker", false)] {
-        let (status, body) = cluster
-            .api(0, "POST", &Cluster::upload_path(activate), guest(name))
-            .await;
-        assert_eq!(status, 201, "{body}");
-    }
-    cluster.all_serve(1).await;
+    cluster.two_versions().await;
     let mut took = Vec::new();
     for change in 0..changes {
         let (through, version) = (change % 3, 2 - (change % 2) as u64);
-        let (status, body) = cluster
-            .api(
-                through,
-                "POST",
-                &format!("/v1/agents/{AGENT}/activate"),
-                json!({ "version": version }).to_string().into_bytes(),
-            )
-            .await;
+        let (status, body) = cluster.activate(through, version).await;
         assert_eq!(status, 200, "{body}");
         for other in (0..3).filter(|host| *host != through) {
             let seen = cluster
@@ -293,41 +314,11 @@ async fn changes_through_any_host_converge_on_every_host() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_cut_off_from_nats_keeps_its_calls_and_catches_up() {
     let mut cluster = Cluster::start("cut-off").await;
-    for (name, activate) in [("conformance", true), ("panicker", false)] {
-        let (status, body) = cluster
-            .api(0, "POST", &Cluster::upload_path(activate), guest(name))
-            .await;
-        assert_eq!(status, 201, "{body}");
-    }
-    cluster.all_serve(1).await;
-    let connections = cluster.sim.usable_connections(AGENT);
-    let mut live: Vec<_> = connections.iter().map(|conn| conn.start_text()).collect();
-    for call in &mut live {
-        call.expect_say("Hello from the conformance agent.")
-            .await
-            .unwrap();
-    }
+    cluster.two_versions().await;
+    let mut live = cluster.live_calls().await;
 
     cluster.nats[0].kill();
-    for host in 0..3 {
-        let deadline = Instant::now() + CONVERGE_WITHIN;
-        loop {
-            let (status, health) =
-                request(&cluster.hosts[host].admin, "GET", "/healthz", None, vec![]).await;
-            assert_eq!(
-                status, 200,
-                "a host cut off from NATS is still healthy: {health}"
-            );
-            if health["registry_reachable"] == false {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "host {host} never noticed NATS was gone: {health}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    cluster.registry_reachable(false).await;
     // Calls go on, new ones too, on the registry each host last saw.
     for call in &mut live {
         call.say("echo still here");
@@ -335,55 +326,20 @@ async fn a_host_cut_off_from_nats_keeps_its_calls_and_catches_up() {
     }
     every_connection_answers(&cluster.sim, "Hello from the conformance agent.").await;
     // Changes are refused, and say why.
-    let (status, body) = cluster
-        .api(
-            1,
-            "POST",
-            &format!("/v1/agents/{AGENT}/activate"),
-            br#"{"version":2}"#.to_vec(),
-        )
-        .await;
-    assert_eq!(
-        (status, &body["error"]["code"]),
-        (503, &json!("unavailable")),
-        "{body}"
-    );
-    let (_, agent) = cluster
-        .api(1, "GET", &format!("/v1/agents/{AGENT}"), vec![])
-        .await;
+    let (status, body) = cluster.activate(1, 2).await;
+    let refused = (status, &body["error"]["code"]);
+    assert_eq!(refused, (503, &json!("unavailable")), "{body}");
+    let path = format!("/v1/agents/{AGENT}");
+    let (_, agent) = cluster.api(1, "GET", &path, vec![]).await;
     assert_eq!(agent["active_version"], 1, "nothing was changed: {agent}");
-    let metrics = request(&cluster.hosts[1].admin, "GET", "/metrics", None, vec![])
-        .await
-        .1;
+    let (_, metrics) = request(&cluster.hosts[1].admin, "GET", "/metrics", None, vec![]).await;
     let metrics = metrics.as_str().unwrap_or_default().to_string();
-    assert!(
-        metrics.contains("voicehost_cluster_registry_reachable 0"),
-        "{metrics}"
-    );
+    let said = metrics.contains("voicehost_cluster_registry_reachable 0");
+    assert!(said, "{metrics}");
 
     cluster.nats[0].restart();
-    for host in 0..3 {
-        let deadline = Instant::now() + CONVERGE_WITHIN;
-        while request(&cluster.hosts[host].admin, "GET", "/healthz", None, vec![])
-            .await
-            .1["registry_reachable"]
-            != true
-        {
-            assert!(
-                Instant::now() < deadline,
-                "host {host} never reconnected to NATS"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    let (status, body) = cluster
-        .api(
-            0,
-            "POST",
-            &format!("/v1/agents/{AGENT}/activate"),
-            br#"{"version":2}"#.to_vec(),
-        )
-        .await;
+    cluster.registry_reachable(true).await;
+    let (status, body) = cluster.activate(0, 2).await;
     assert_eq!(status, 200, "{body}");
     cluster.all_serve(2).await;
     // The calls of before the outage are still on their version.
@@ -411,27 +367,12 @@ async fn admitted(conn: &sentsim::ConnHandle) -> (bool, sentsim::Call) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_session_cap_holds_across_the_hosts() {
     let cluster = Cluster::start_with("cap", "[tenants.limits]\nmax_sessions = 2").await;
-    let (status, body) = cluster
-        .api(0, "POST", &Cluster::upload_path(true), guest("conformance"))
-        .await;
-    assert_eq!(status, 201, "{body}");
-    let policy = br#"{"action":"transfer","to":{"kind":"number","value":"+14155550100"}}"#;
-    let (status, body) = cluster
-        .api(
-            0,
-            "PUT",
-            &format!("/v1/agents/{AGENT}/failure-policy"),
-            policy.to_vec(),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    cluster.upload(0, "conformance", true).await;
+    cluster.transfer_on_failure(0).await;
     cluster.all_serve(1).await;
     for host in 0..3 {
-        cluster
-            .until(host, |_, agent| {
-                agent["failure_policy"]["action"] == "transfer"
-            })
-            .await;
+        let transfers = |_: u16, agent: &Value| agent["failure_policy"]["action"] == "transfer";
+        cluster.until(host, transfers).await;
     }
     let conns = cluster.sim.usable_connections(AGENT);
     assert_eq!(conns.len(), 3, "one connection per host");
@@ -440,37 +381,37 @@ async fn a_tenants_session_cap_holds_across_the_hosts() {
     let (second, two) = admitted(&conns[1]).await;
     assert!(first && second, "two calls fit a cap of two");
     // On the third host a call is refused once the counts have reached it (every 2 s).
-    let deadline = Instant::now() + CONVERGE_WITHIN;
-    loop {
-        let (taken, call) = admitted(&conns[2]).await;
-        call.end("caller_hung_up");
-        if !taken {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the third host never counted the others' calls"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_admitted(
+        &conns[2],
+        false,
+        "the third host never counted the others' calls",
+    )
+    .await;
     // Once one ends, there is room again on the third.
     one.say("echo bye");
     one.expect_say("bye").await.unwrap();
     one.end("caller_hung_up");
+    until_admitted(
+        &conns[2],
+        true,
+        "the ended call was never taken off the count",
+    )
+    .await;
+    two.end("caller_hung_up");
+}
+
+/// Places calls on `conn`, each hung up at once, until one is `admitted` (or refused).
+async fn until_admitted(conn: &sentsim::ConnHandle, wanted: bool, never: &str) {
     let deadline = Instant::now() + CONVERGE_WITHIN;
     loop {
-        let (taken, call) = admitted(&conns[2]).await;
+        let (taken, call) = admitted(conn).await;
         call.end("caller_hung_up");
-        if taken {
-            break;
+        if taken == wanted {
+            return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the ended call was never taken off the count"
-        );
+        assert!(Instant::now() < deadline, "{never}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    two.end("caller_hung_up");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -543,49 +484,21 @@ async fn chunks_of_a_put_cut_short_are_purged_at_the_second_sweep_and_components
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hosts_keep_serving_and_converging_when_one_of_three_nats_servers_dies() {
     let mut cluster = Cluster::start_on("nats-three", "", 3).await;
-    for (name, activate) in [("conformance", true), ("panicker", false)] {
-        let (status, body) = cluster
-            .api(0, "POST", &Cluster::upload_path(activate), guest(name))
-            .await;
-        assert_eq!(status, 201, "{body}");
-    }
-    cluster.all_serve(1).await;
-    let mut live: Vec<_> = cluster
-        .sim
-        .usable_connections(AGENT)
-        .iter()
-        .map(|conn| conn.start_text())
-        .collect();
-    for call in &mut live {
-        call.expect_say("Hello from the conformance agent.")
-            .await
-            .unwrap();
-    }
+    cluster.two_versions().await;
+    let mut live = cluster.live_calls().await;
     // The first server is every host's first: each loses its connection and takes another.
     cluster.nats[0].kill();
     let deadline = Instant::now() + CONVERGE_WITHIN;
     loop {
-        let (status, body) = cluster
-            .api(
-                1,
-                "POST",
-                &format!("/v1/agents/{AGENT}/activate"),
-                br#"{"version":2}"#.to_vec(),
-            )
-            .await;
+        let (status, body) = cluster.activate(1, 2).await;
         if status == 200 {
             break;
         }
         // Until the host has reconnected (and JetStream moved its leaders), a change may be refused.
-        assert_eq!(
-            (status, &body["error"]["code"]),
-            (503, &json!("unavailable")),
-            "{body}"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "no change went through with two of three servers"
-        );
+        let refused = (status, &body["error"]["code"]);
+        assert_eq!(refused, (503, &json!("unavailable")), "{body}");
+        let waited = Instant::now() < deadline;
+        assert!(waited, "no change went through with two of three servers");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     cluster.all_serve(2).await;
