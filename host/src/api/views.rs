@@ -20,7 +20,7 @@ pub use crate::tenancy::AgentStatus;
 /// failure-policy).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[schema(as = Agent, example = json!({
-    "agent_id": "agent_abc123", "status": "serving", "active_version": 2,
+    "agent_id": "agent_abc123", "status": "serving", "active_version": 2, "served_version": 2,
     "failure_policy": {"action": "transfer", "to": {"kind": "number", "value": "+14155550100"}},
     "live_sessions": 3,
     "versions": [
