@@ -31,6 +31,8 @@ const INDEX_KEY: &str = "index";
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a component's put or get may take.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);
+/// The largest component a tenant may upload (`component_mib`'s maximum, 1 GiB).
+const MAX_COMPONENT_BYTES: usize = 1 << 30;
 /// How often the index is read besides the watch, so a watch that stalls delays a change no longer.
 pub const RECHECK: Duration = Duration::from_secs(10);
 /// A component no version refers to is deleted only once it is this old: another host may have just put
@@ -88,7 +90,7 @@ impl NatsStore {
                     .await
                     .map_err(|e| anyhow::anyhow!("cluster.credentials {}: {e}", path.display()))?;
             }
-            let servers = config.servers.join(",");
+            let servers = config.servers_for_log();
             let addrs = config
                 .servers
                 .iter()
@@ -136,7 +138,7 @@ impl NatsStore {
         };
         let (tx, changes) = watch::channel(0);
         let follower = runtime.spawn(follow(index.clone(), tx));
-        tracing::info!(%host_id, servers = %config.servers.join(","), "cluster: the registry is on NATS JetStream");
+        tracing::info!(%host_id, servers = %config.servers_for_log(), "cluster: the registry is on NATS JetStream");
         Ok(NatsStore {
             runtime: Some(runtime),
             client,
@@ -160,7 +162,9 @@ impl NatsStore {
         call: impl Future<Output = Result<T, StoreError>> + Send,
     ) -> Result<T, StoreError> {
         if !self.reachable() {
-            return Err(StoreError::Unavailable("not connected to NATS".into()));
+            return Err(StoreError::Unavailable(
+                "not connected to NATS: nothing was changed".into(),
+            ));
         }
         let runtime = self
             .runtime
@@ -171,7 +175,7 @@ impl NatsStore {
                 .await
                 .unwrap_or_else(|_| {
                     Err(StoreError::Unavailable(format!(
-                        "NATS did not answer in {} s",
+                        "NATS did not answer in {} s: a change may have been made or not; read it before trying again",
                         timeout.as_secs()
                     )))
                 })
@@ -365,7 +369,9 @@ async fn open_kv(
         num_replicas: replicas,
         allow_rollup: true,
         deny_delete: true,
-        allow_direct: true,
+        // Reads from the stream's leader, never a replica that may lag: a host must not take an old
+        // index for the latest (it would miss a change until the next one).
+        allow_direct: false,
         discard: jetstream::stream::DiscardPolicy::New,
         ..Default::default()
     })
@@ -432,7 +438,8 @@ impl ComponentStore for NatsStore {
                 }
                 Err(error) => return Err(unavailable(error)),
             };
-            let mut bytes = Vec::with_capacity(object.info().size);
+            // The size is what the bucket says: room for at most the largest component up front.
+            let mut bytes = Vec::with_capacity(object.info().size.min(MAX_COMPONENT_BYTES));
             tokio::io::AsyncReadExt::read_to_end(&mut object, &mut bytes)
                 .await
                 .map_err(unavailable)?;
@@ -491,11 +498,14 @@ impl ComponentStore for NatsStore {
                     bytes: Some(entry.value.to_vec()),
                     revision: entry.revision,
                 },
-                // Deleted or purged by hand: an empty registry, at the revision of the deletion.
-                Some(entry) => StoredIndex {
-                    bytes: None,
-                    revision: entry.revision,
-                },
+                // Deleted or purged by hand (`nats kv del`): not taken for an empty registry, which would
+                // stop every agent on every host.
+                Some(entry) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "the index was deleted from the KV bucket by hand (revision {}): put back an earlier revision (the bucket keeps 8)",
+                        entry.revision
+                    )))
+                }
                 None => StoredIndex::default(),
             })
         })
@@ -505,7 +515,7 @@ impl ComponentStore for NatsStore {
         let max = self.client.server_info().max_payload;
         if bytes.len() > max.saturating_sub(1024) {
             return Err(StoreError::Unavailable(format!(
-                "the registry's index ({} bytes) no longer fits NATS's max_payload ({max} bytes): raise max_payload on the NATS servers",
+                "the registry's index ({} bytes) no longer fits NATS's max_payload ({max} bytes): nothing was changed; raise max_payload on the NATS servers",
                 bytes.len()
             )));
         }

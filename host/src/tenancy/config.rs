@@ -78,6 +78,17 @@ pub struct ClusterConfig {
     pub replicas: usize,
 }
 
+/// `url` with the user and password it may carry (`nats://user:password@host`) replaced by `***`.
+fn without_credentials(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split('/').next().and_then(|a| a.rsplit_once('@')) {
+            Some((_, host)) => format!("{scheme}://***@{host}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
 fn default_bucket_prefix() -> String {
     "voicehost".into()
 }
@@ -98,7 +109,8 @@ impl ClusterConfig {
                 matches!(scheme, Some("nats" | "tls"))
                     && server.len() <= 512
                     && server.parse::<async_nats::ServerAddr>().is_ok(),
-                "cluster.servers: {server:?} is not a nats:// or tls:// URL"
+                "cluster.servers: {:?} is not a nats:// or tls:// URL",
+                without_credentials(server)
             );
         }
         if let Some(id) = &self.host_id {
@@ -118,6 +130,16 @@ impl ClusterConfig {
             self.replicas
         );
         Ok(())
+    }
+
+    /// The servers as they may be logged: a user and password in a URL replaced by `***`.
+    pub fn servers_for_log(&self) -> String {
+        let shown: Vec<String> = self
+            .servers
+            .iter()
+            .map(|s| without_credentials(s))
+            .collect();
+        shown.join(",")
     }
 
     /// This host's id: `host_id`, or the machine's hostname made into one.
@@ -1279,6 +1301,10 @@ mod tests {
             (
                 "data_dir = \"d\"\n[cluster]\nservers = [\"nats://a:4222,nats://b:4222\"]",
                 "is not a nats:// or tls:// URL",
+            ),
+            (
+                "data_dir = \"d\"\n[cluster]\nservers = [\"http://alice:s3cret@nats:4222\"]",
+                "\"http://***@nats:4222\" is not a nats:// or tls:// URL",
             ),
             (
                 "data_dir = \"d\"\n[cluster]\nservers = [\"nats://a:4222\"]\nhost_id = \"a b\"",

@@ -69,6 +69,9 @@ pub enum ServeError {
 /// One agent being served.
 struct Running {
     deployment: watch::Sender<Arc<Deployment>>,
+    /// The component of the deployment's version: in a cluster, an agent deleted and uploaded again
+    /// elsewhere has a version of the same number with other code.
+    digest: Digest,
     stop: watch::Sender<bool>,
     stats: Arc<Stats>,
     task: JoinHandle<()>,
@@ -115,10 +118,7 @@ impl AgentStatus {
 
 /// The refusal of a change whose version was deleted, replaced or rolled past while it was being loaded.
 fn changed_meanwhile(agent: &str, version: u32) -> ServeError {
-    RegistryError::Conflict(format!(
-        "agent {agent} changed while version {version} was being loaded: try again"
-    ))
-    .into()
+    RegistryError::changed_meanwhile(agent, version).into()
 }
 
 /// Sets aside each tenant's reserved pool slots and guest memory (the config checked that they fit).
@@ -324,14 +324,11 @@ impl Tenancy {
                         if changed.is_err() {
                             return;
                         }
-                        tenancy.take_changes().await;
+                        tenancy.take_changes(false).await;
                     }
                     _ = sweep.tick() => tenancy.sweep().await,
                     _ = share.tick() => tenancy.share_calls().await,
-                    _ = recheck.tick() => {
-                        let registry = tenancy.registry.clone().lock_owned().await;
-                        tenancy.serve_what_it_says(registry).await;
-                    }
+                    _ = recheck.tick() => tenancy.take_changes(true).await,
                 }
             }
         });
@@ -342,7 +339,7 @@ impl Tenancy {
     /// another host stops here too (its calls go to Sent's fallback, as on the host that deleted it), one
     /// whose active version changed switches to it once it is compiled (new calls only: live calls finish
     /// on theirs), a new active agent is served, and a changed failure policy applies to new calls.
-    pub(crate) async fn take_changes(self: &Arc<Tenancy>) {
+    pub(crate) async fn take_changes(self: &Arc<Tenancy>, even_if_unchanged: bool) {
         let registry = self.registry.clone().lock_owned().await;
         let (registry, refreshed) = match written(registry, Registry::refresh).await {
             Ok(done) => done,
@@ -351,20 +348,25 @@ impl Tenancy {
                 return;
             }
         };
-        let unused = match refreshed {
-            Ok(Some(unused)) => unused,
-            Ok(None) => return,
+        match refreshed {
+            Ok(Some(unused)) => {
+                self.cluster_changes.inc();
+                unused.iter().for_each(|digest| self.sandbox.forget(digest));
+                tracing::info!(
+                    revision = registry.revision(),
+                    "cluster: another host changed the registry"
+                );
+            }
+            Ok(None) if !even_if_unchanged => return,
+            Ok(None) => {}
+            // The registry last seen is served meanwhile; the next check reads it again.
             Err(error) => {
                 tracing::warn!(%error, "cluster: cannot read the registry's index");
-                return;
+                if !even_if_unchanged {
+                    return;
+                }
             }
-        };
-        self.cluster_changes.inc();
-        unused.iter().for_each(|digest| self.sandbox.forget(digest));
-        tracing::info!(
-            revision = registry.revision(),
-            "cluster: another host changed the registry"
-        );
+        }
         self.serve_what_it_says(registry).await;
     }
 
@@ -384,7 +386,10 @@ impl Tenancy {
                 let served = &running[&key(&tenant, &agent)];
                 let current = served.deployment.borrow().clone();
                 match (record, active) {
-                    (Some(record), Some(version)) if version.version == current.version => {
+                    (Some(record), Some(version))
+                        if version.version == current.version
+                            && version.digest == served.digest =>
+                    {
                         served.deployment.send_replace(Arc::new(Deployment {
                             version: current.version,
                             code: current.code.clone(),
@@ -611,8 +616,11 @@ impl Tenancy {
         let served = self
             .running()
             .get(&key(tenant, agent))
-            .map(|running| running.deployment.borrow().version);
-        if record.active != Some(version.version) || served == Some(version.version) {
+            .map(|running| (running.deployment.borrow().version, running.digest.clone()));
+        if record.active != Some(version.version)
+            || record.version(version.version).map(|v| &v.digest) != Some(&version.digest)
+            || served == Some((version.version, version.digest.clone()))
+        {
             return;
         }
         let still = self.still_fits(
@@ -632,7 +640,7 @@ impl Tenancy {
             code,
             rules: self.rules(tenant, agent, record),
         };
-        self.serve(tenant, agent, deployment);
+        self.serve(tenant, agent, version.digest.clone(), deployment);
     }
 
     /// Takes the tenants, limits and metrics token of `config` without a restart: a new tenant can log in
@@ -959,7 +967,7 @@ impl Tenancy {
                 code,
                 rules: self.rules(tenant, agent, record),
             };
-            self.serve(tenant, agent, deployment);
+            self.serve(tenant, agent, version.digest.clone(), deployment);
             tracing::info!(tenant, agent, version = version.version, "activated");
         }
         Ok(version)
@@ -1015,10 +1023,11 @@ impl Tenancy {
             return Err(changed_meanwhile(agent, version));
         }
         self.still_fits(&registry, tenant, agent, version, &digest, &code)?;
-        let (t, a) = key(tenant, agent);
+        let (t, a, compiled) = (tenant.to_string(), agent.to_string(), digest.clone());
+        // Checked again in the commit: another host may have changed the agent meanwhile.
         let (registry, done) = written(registry, move |r| match switch {
-            Switch::Activate => r.activate(&t, &a, version),
-            Switch::Rollback => r.roll_back_to(&t, &a, Some(version)).map(drop),
+            Switch::Activate => r.activate_as(&t, &a, version, Some(&compiled)),
+            Switch::Rollback => r.roll_back_to(&t, &a, Some((version, &compiled))).map(drop),
         })
         .await?;
         done?;
@@ -1028,7 +1037,7 @@ impl Tenancy {
             code,
             rules: self.rules(tenant, agent, &record),
         };
-        self.serve(tenant, agent, deployment);
+        self.serve(tenant, agent, digest, deployment);
         tracing::info!(tenant, agent, version, change = ?switch, "made active");
         Ok(record)
     }
@@ -1082,14 +1091,14 @@ impl Tenancy {
         let current = self
             .running()
             .get(&key(tenant, agent))
-            .map(|r| r.deployment.borrow().clone());
-        if let Some(current) = current {
+            .map(|r| (r.deployment.borrow().clone(), r.digest.clone()));
+        if let Some((current, digest)) = current {
             let deployment = Deployment {
                 version: current.version,
                 code: current.code.clone(),
                 rules: self.rules(tenant, agent, &record),
             };
-            self.serve(tenant, agent, deployment);
+            self.serve(tenant, agent, digest, deployment);
         }
         Ok(record)
     }
@@ -1410,14 +1419,21 @@ impl Tenancy {
     }
 
     /// Makes `deployment` what the agent's new calls get, connecting the agent first if needed.
-    fn serve(self: &Arc<Tenancy>, tenant: &str, agent: &str, deployment: Deployment) {
+    fn serve(
+        self: &Arc<Tenancy>,
+        tenant: &str,
+        agent: &str,
+        digest: Digest,
+        deployment: Deployment,
+    ) {
         let deployment = Arc::new(deployment);
         let mut running = self.running();
-        if let Some(current) = running.get(&key(tenant, agent)) {
+        if let Some(current) = running.get_mut(&key(tenant, agent)) {
             if !current.task.is_finished() {
                 if current.deployment.borrow().version != deployment.version {
                     warn_if_deprecated(tenant, agent, deployment.version, &deployment.code);
                 }
+                current.digest = digest;
                 current.deployment.send_replace(deployment);
                 return;
             }
@@ -1458,6 +1474,7 @@ impl Tenancy {
             key(tenant, agent),
             Running {
                 deployment: deployments,
+                digest,
                 stop,
                 stats,
                 task,

@@ -25,8 +25,8 @@ pub enum StoreError {
     /// The disk (or what stands in for it) failed.
     #[error("the component store failed: {0}")]
     Io(#[from] std::io::Error),
-    /// The shared store cannot be reached now (NATS down or cut off): nothing was changed.
-    #[error("the cluster's registry cannot be reached now ({0}): nothing was changed; try again")]
+    /// The shared store cannot be reached now (NATS down or cut off), or would not take the change.
+    #[error("the cluster's registry cannot be reached now: {0}")]
     Unavailable(String),
     /// The index was changed by another host since it was read: read it again and redo the change.
     #[error("the registry's index changed meanwhile")]
@@ -258,6 +258,15 @@ impl RegistryError {
         }
     }
 
+    /// The conflict of a change made for a version of `agent` that changed meanwhile (here, or on another
+    /// host of a cluster): its compiled component is no longer the version's, or no longer the one to
+    /// roll back to.
+    pub fn changed_meanwhile(agent: &str, version: u32) -> RegistryError {
+        RegistryError::Conflict(format!(
+            "agent {agent} changed while version {version} was being loaded: try again"
+        ))
+    }
+
     /// The conflict of a rollback for `agent` with no earlier active version to go back to.
     pub fn nothing_to_roll_back(agent: &str) -> RegistryError {
         RegistryError::Conflict(format!(
@@ -273,6 +282,9 @@ pub struct Registry {
     index: Index,
     /// The store's revision of `index`.
     revision: u64,
+    /// Components other hosts' changes stopped referring to, read while committing a change of this
+    /// host's: [`Registry::refresh`] tells them (and that the index moved) to the host.
+    foreign: Option<BTreeSet<Digest>>,
 }
 
 /// How many times a change is made again on a fresher index before it gives up: each retry means
@@ -289,6 +301,7 @@ impl Registry {
             index: parse(stored.bytes.as_deref())?,
             revision: stored.revision,
             store,
+            foreign: None,
         };
         let stored = registry.store.list()?;
         if !indexed && !stored.is_empty() {
@@ -309,6 +322,15 @@ impl Registry {
     /// Reads the index again if the store has a newer revision (another host changed it); returns the
     /// components the registry referred to and no longer does, or `None` when nothing changed.
     pub fn refresh(&mut self) -> Result<Option<BTreeSet<Digest>>, RegistryError> {
+        let newer = self.read_newer()?;
+        match (newer, self.foreign.take()) {
+            (None, None) => Ok(None),
+            (newer, foreign) => Ok(Some(newer.into_iter().chain(foreign).flatten().collect())),
+        }
+    }
+
+    /// [`Registry::refresh`], without what a commit read.
+    fn read_newer(&mut self) -> Result<Option<BTreeSet<Digest>>, RegistryError> {
         let stored = self.store.read_index()?;
         if stored.revision <= self.revision {
             return Ok(None);
@@ -325,9 +347,17 @@ impl Registry {
         self.revision
     }
 
-    /// Deletes every stored component no version refers to (the store may keep a young one: see
-    /// [`ComponentStore::delete`]); returns those it asked to delete.
-    pub fn sweep(&self) -> Result<Vec<Digest>, RegistryError> {
+    /// Reads the index again, then deletes every stored component no version refers to (the store may
+    /// keep a young one: see [`ComponentStore::delete`]); returns those it asked to delete. What the
+    /// reading found changed is kept for [`Registry::refresh`]'s caller, as a commit's. Nothing is deleted
+    /// when the index cannot be read, nor when it is empty (an index deleted by hand, or restored half).
+    pub fn sweep(&mut self) -> Result<Vec<Digest>, RegistryError> {
+        if let Some(unused) = self.read_newer()? {
+            self.foreign.get_or_insert_default().extend(unused);
+        }
+        if self.index.tenants.is_empty() {
+            return Ok(Vec::new());
+        }
         Ok(self.collect(self.store.list()?))
     }
 
@@ -451,15 +481,32 @@ impl Registry {
     }
 
     /// Makes `version` the one new calls get.
+    #[cfg(test)]
     pub fn activate(
         &mut self,
         tenant: &str,
         agent: &str,
         version: u32,
     ) -> Result<(), RegistryError> {
+        self.activate_as(tenant, agent, version, None)
+    }
+
+    /// [`Registry::activate`], refused as a conflict unless the version still has the component
+    /// `digest` (when given): the one the caller compiled, which another host may have replaced meanwhile
+    /// (the agent deleted and uploaded again numbers its versions from 1 again).
+    pub fn activate_as(
+        &mut self,
+        tenant: &str,
+        agent: &str,
+        version: u32,
+        digest: Option<&Digest>,
+    ) -> Result<(), RegistryError> {
         self.change(tenant, agent, |record| {
-            if record.version(version).is_none() {
+            let Some(stored) = record.version(version) else {
                 return Err(RegistryError::no_version(agent, version));
+            };
+            if digest.is_some_and(|digest| *digest != stored.digest) {
+                return Err(RegistryError::changed_meanwhile(agent, version));
             }
             make_active(record, version);
             Ok(())
@@ -473,17 +520,16 @@ impl Registry {
         &mut self,
         tenant: &str,
         agent: &str,
-        expected: Option<u32>,
+        expected: Option<(u32, &Digest)>,
     ) -> Result<u32, RegistryError> {
         self.change(tenant, agent, |record| {
             let back = record
                 .previous
                 .pop()
                 .ok_or_else(|| RegistryError::nothing_to_roll_back(agent))?;
-            if expected.is_some_and(|expected| expected != back) {
-                return Err(RegistryError::Conflict(format!(
-                    "agent {agent:?} changed meanwhile: version {back} is the one to roll back to now; try again"
-                )));
+            let now = record.version(back).map(|v| (back, &v.digest));
+            if expected.is_some_and(|expected| Some(expected) != now) {
+                return Err(RegistryError::changed_meanwhile(agent, back));
             }
             record.active = Some(back);
             Ok(back)
@@ -582,7 +628,9 @@ impl Registry {
                     tracing::debug!(
                         "the registry's index changed meanwhile: the change is made again on it"
                     );
-                    self.refresh()?;
+                    if let Some(unused) = self.read_newer()? {
+                        self.foreign.get_or_insert_default().extend(unused);
+                    }
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -817,6 +865,9 @@ mod tests {
             .add_version("acme", "agent_a", spooled(b"v2"), uploaded(0), false)
             .unwrap();
         assert_eq!((first.version, second.version), (1, 2));
+        // a's change, read while b committed, is told to b's host once (its agents must follow it).
+        assert!(b.refresh().unwrap().is_some());
+        assert!(b.refresh().unwrap().is_none());
         let record = b.agent("acme", "agent_a").unwrap();
         assert_eq!(record.active, Some(1));
         assert_eq!(record.versions.len(), 2);
@@ -830,11 +881,30 @@ mod tests {
         // b's is refused, not taken elsewhere.
         a.activate("acme", "agent_a", 1).unwrap();
         assert!(matches!(
-            b.roll_back_to("acme", "agent_a", Some(1)),
+            b.roll_back_to("acme", "agent_a", Some((1, &first.digest))),
             Err(RegistryError::Conflict(_))
         ));
         assert_eq!(b.agent("acme", "agent_a").unwrap().active, Some(1));
-        assert_eq!(b.roll_back_to("acme", "agent_a", Some(2)).unwrap(), 2);
+        assert_eq!(
+            b.roll_back_to("acme", "agent_a", Some((2, &second.digest)))
+                .unwrap(),
+            2
+        );
+    }
+
+    #[test]
+    fn a_sweep_deletes_nothing_while_the_index_is_empty() {
+        let mut registry = registry("sweep-empty");
+        registry
+            .add_version("acme", "agent_a", spooled(b"v1"), uploaded(0), false)
+            .unwrap();
+        let orphan = registry.store.put(spooled(b"never committed")).unwrap();
+        assert_eq!(registry.sweep().unwrap(), vec![orphan]);
+        registry.delete_agent("acme", "agent_a").unwrap();
+        let kept = registry.store.put(spooled(b"kept")).unwrap();
+        // An empty index with components stored: an index lost or deleted by hand, not a reason to delete.
+        assert!(registry.sweep().unwrap().is_empty());
+        assert_eq!(registry.store.list().unwrap(), vec![kept]);
     }
 
     #[test]

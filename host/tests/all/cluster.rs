@@ -274,6 +274,10 @@ async fn a_change_through_any_host_is_served_by_every_host() {
         assert!(open, "the deleted agent's connections stay open");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Uploaded again: version 1 again, with other code, which every host serves.
+    assert_eq!(cluster.upload(0, "panicker", true).await, 1);
+    cluster.all_serve(1).await;
+    every_connection_answers(&cluster.sim, "Hello from the panicker.").await;
 }
 
 /// Activations through each host in turn, each timed until both other hosts show it: the convergence
@@ -488,7 +492,9 @@ async fn the_hosts_keep_serving_and_converging_when_one_of_three_nats_servers_di
     let mut live = cluster.live_calls().await;
     // The first server is every host's first: each loses its connection and takes another.
     cluster.nats[0].kill();
-    let deadline = Instant::now() + CONVERGE_WITHIN;
+    // JetStream elects new leaders for the streams the killed server led: seconds, more on a busy
+    // machine (the whole suite beside it); the deadline only catches a cluster that never recovers.
+    let (killed, deadline) = (Instant::now(), Instant::now() + 4 * CONVERGE_WITHIN);
     loop {
         let (status, body) = cluster.activate(1, 2).await;
         if status == 200 {
@@ -501,6 +507,10 @@ async fn the_hosts_keep_serving_and_converging_when_one_of_three_nats_servers_di
         assert!(waited, "no change went through with two of three servers");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    eprintln!(
+        "a change went through {:?} after a NATS server died",
+        killed.elapsed()
+    );
     cluster.all_serve(2).await;
     every_connection_answers(&cluster.sim, "Hello from the panicker.").await;
     for call in &mut live {
