@@ -33,6 +33,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);
 /// The largest component a tenant may upload (`component_mib`'s maximum, 1 GiB).
 const MAX_COMPONENT_BYTES: usize = 1 << 30;
+/// How long a component's transfer may go without a byte before it is given up.
+const STALLED_AFTER: Duration = Duration::from_secs(5);
 /// How often the index is read besides the watch, so a watch that stalls delays a change no longer.
 pub const RECHECK: Duration = Duration::from_secs(10);
 /// A component no version refers to is deleted only once it is this old: another host may have just put
@@ -431,7 +433,8 @@ impl ComponentStore for NatsStore {
 
     fn get(&self, digest: &Digest) -> Result<Vec<u8>, StoreError> {
         let bytes = self.call(TRANSFER_TIMEOUT, async {
-            let mut object = match self.components.get(digest.hex()).await {
+            let opened = tokio::time::timeout(CALL_TIMEOUT, self.components.get(digest.hex()));
+            let mut object = match opened.await.map_err(unavailable)? {
                 Ok(object) => object,
                 Err(error) if error.kind() == object_store::GetErrorKind::NotFound => {
                     return Err(StoreError::NotFound(digest.clone()))
@@ -440,9 +443,23 @@ impl ComponentStore for NatsStore {
             };
             // The size is what the bucket says: room for at most the largest component up front.
             let mut bytes = Vec::with_capacity(object.info().size.min(MAX_COMPONENT_BYTES));
-            tokio::io::AsyncReadExt::read_to_end(&mut object, &mut bytes)
-                .await
-                .map_err(unavailable)?;
+            // A read that stalls (its chunks purged by a put of the same bytes, a stream leader moving)
+            // fails soon, and is tried again later, rather than holding its caller for the whole
+            // transfer's time.
+            loop {
+                let read = tokio::io::AsyncReadExt::read_buf(&mut object, &mut bytes);
+                match tokio::time::timeout(STALLED_AFTER, read).await {
+                    Ok(Ok(0)) => break,
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => return Err(unavailable(error)),
+                    Err(_) => {
+                        return Err(StoreError::Unavailable(format!(
+                            "reading component {digest} from NATS stalled for {} s",
+                            STALLED_AFTER.as_secs()
+                        )))
+                    }
+                }
+            }
             Ok(bytes)
         })?;
         if Digest::of(&bytes) != *digest {

@@ -1049,7 +1049,7 @@ impl Tenancy {
         agent: &str,
     ) -> Result<AgentRecord, ServeError> {
         let back = {
-            let registry = self.registry.lock().await;
+            let registry = self.fresh_registry().await?;
             let record = registry.agent(tenant, agent)?;
             match record.previous.last() {
                 Some(&back) => back,
@@ -1240,10 +1240,24 @@ impl Tenancy {
     /// its tenant changes nothing after it (a tenant added again later under the same id inherits
     /// nothing that request would have stored).
     async fn registry_for(&self, tenant: &str) -> Result<Locked, ServeError> {
-        let registry = self.registry.clone().lock_owned().await;
+        let registry = self.fresh_registry().await?;
         if self.tenant(tenant).is_none() {
             return Err(ServeError::NoTenant(tenant.to_string()));
         }
+        Ok(registry)
+    }
+
+    /// The registry, locked, and in a cluster read again first: a change, or a lookup for one, must see
+    /// what another host changed a moment ago (a version uploaded through another host, then activated
+    /// through this one). What the reading found changed is served at the next [`Tenancy::take_changes`],
+    /// which the watch asks for anyway.
+    async fn fresh_registry(&self) -> Result<Locked, ServeError> {
+        let registry = self.registry.clone().lock_owned().await;
+        if self.shared.is_none() {
+            return Ok(registry);
+        }
+        let (registry, caught_up) = written(registry, Registry::catch_up).await?;
+        caught_up?;
         Ok(registry)
     }
 
@@ -1268,7 +1282,7 @@ impl Tenancy {
         payer: Payer,
     ) -> Result<(AgentCode, Digest), ServeError> {
         let (digest, store) = {
-            let registry = self.registry.lock().await;
+            let registry = self.fresh_registry().await?;
             let chosen = registry
                 .agent(tenant, agent)?
                 .version(version)

@@ -329,6 +329,16 @@ impl Registry {
         }
     }
 
+    /// Reads the index again if the store has a newer revision, keeping what changed for
+    /// [`Registry::refresh`]'s caller: what a host does before a change, or a lookup that missed, so that
+    /// a version uploaded through another host a moment ago is found.
+    pub fn catch_up(&mut self) -> Result<(), RegistryError> {
+        if let Some(unused) = self.read_newer()? {
+            self.foreign.get_or_insert_default().extend(unused);
+        }
+        Ok(())
+    }
+
     /// [`Registry::refresh`], without what a commit read.
     fn read_newer(&mut self) -> Result<Option<BTreeSet<Digest>>, RegistryError> {
         let stored = self.store.read_index()?;
@@ -352,9 +362,7 @@ impl Registry {
     /// reading found changed is kept for [`Registry::refresh`]'s caller, as a commit's. Nothing is deleted
     /// when the index cannot be read, nor when it is empty (an index deleted by hand, or restored half).
     pub fn sweep(&mut self) -> Result<Vec<Digest>, RegistryError> {
-        if let Some(unused) = self.read_newer()? {
-            self.foreign.get_or_insert_default().extend(unused);
-        }
+        self.catch_up()?;
         if self.index.tenants.is_empty() {
             return Ok(Vec::new());
         }
@@ -628,9 +636,7 @@ impl Registry {
                     tracing::debug!(
                         "the registry's index changed meanwhile: the change is made again on it"
                     );
-                    if let Some(unused) = self.read_newer()? {
-                        self.foreign.get_or_insert_default().extend(unused);
-                    }
+                    self.catch_up()?;
                 }
                 Err(error) => return Err(error.into()),
             }
