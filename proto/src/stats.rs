@@ -37,4 +37,8 @@ pub struct Stats {
     pub resumes: u64,
     /// Calls given their failure policy (once per call at most).
     pub policies_applied: u64,
+    /// Calls handed over to another host ([`crate::call::Call::hand_over`]).
+    pub handed_over: u64,
+    /// Calls handed over by another host and taken here ([`crate::Router::adopt`]).
+    pub adopted: u64,
 }

@@ -344,7 +344,17 @@ async fn a_host_killed_amid_registry_changes_reopens_to_a_committed_state_with_n
                 }
             }
         });
-        tokio::time::sleep(Duration::from_millis(rng.u64(50..4000))).await;
+        // Each round kills after at least one change was answered (however slow the machine), then
+        // amid whatever comes next: the kills test something on a loaded machine too.
+        let first_answered = async {
+            while shared.lock().unwrap().2 == 0 && !worker.is_finished() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(120), first_answered)
+            .await
+            .unwrap_or_else(|_| panic!("{context}: no change answered in 120 s"));
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..2000))).await;
         served.child.kill().unwrap();
         served.child.wait().unwrap();
         uploads = worker.await.unwrap();

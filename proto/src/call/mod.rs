@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod handover;
 mod policy;
 #[cfg(test)]
 mod tests;
@@ -36,6 +37,7 @@ mod tests;
 /// A connection to Sent, as the agent's router numbers them.
 pub type ConnId = u64;
 
+pub use handover::{Handover, Unadoptable, Unmovable};
 pub use policy::{FailurePolicy, Party, PolicyError};
 
 /// One call of an agent: unique for the life of the agent's router, never reused (Sent's session ids are
@@ -239,8 +241,11 @@ fn audio_cost(samples: &[u8]) -> usize {
 /// One event for the guest, in the order Sent's frames arrived.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GuestEvent {
-    /// The call has started: always the first event.
+    /// The call has started: always the first event (but for a call that moved here already started).
     Start,
+    /// The call moved here from another host, already started: a fresh instance takes over from that
+    /// host's (the first event of a call handed over, [`Handover`]).
+    Moved,
     /// One complete utterance of the caller (text calls).
     UserSaid {
         /// What the caller said.
@@ -405,6 +410,8 @@ enum State {
     Detached,
     Ended,
     Lost,
+    /// Handed over to another host ([`Call::hand_over`]): nothing of it is read or written here.
+    Left,
 }
 
 /// One of the call's own counted frames, kept for a replay.
@@ -551,13 +558,13 @@ impl Call {
             State::Detached => Place::Detached {
                 attached: self.attached,
             },
-            State::Ended | State::Lost => Place::Done,
+            State::Ended | State::Lost | State::Left => Place::Done,
         }
     }
 
     /// Whether the call has ended or was lost.
     pub fn finished(&self) -> bool {
-        matches!(self.state, State::Ended | State::Lost)
+        matches!(self.state, State::Ended | State::Lost | State::Left)
     }
 
     /// Whether the call was lost (not ended by Sent).
@@ -975,11 +982,11 @@ impl Call {
         let event = self.events.pop_front()?;
         match &event {
             GuestEvent::Audio(samples) => self.audio_queued -= audio_cost(samples),
-            GuestEvent::UserSaid { text, .. } => self.unqueue_frame(text.len()),
-            GuestEvent::Unknown { json, .. } => self.unqueue_frame(json.len()),
-            GuestEvent::ToolResult(answer) => self.unqueue_frame(answer.bytes()),
+            GuestEvent::UserSaid { .. } | GuestEvent::Unknown { .. } | GuestEvent::ToolResult(_) => {
+                self.unqueue_frame(event_bytes(&event))
+            }
             GuestEvent::End { .. } | GuestEvent::Lost => self.guest = Guest::Gone,
-            GuestEvent::Start => {}
+            GuestEvent::Start | GuestEvent::Moved => {}
         }
         Some(event)
     }
@@ -1412,6 +1419,16 @@ impl Call {
             Guest::Gone => return,
         }
         fx.out.push_back(Output::Wake { key: self.key });
+    }
+}
+
+/// What one of Sent's frames waiting for the guest counts against its backlog, in bytes.
+fn event_bytes(event: &GuestEvent) -> usize {
+    match event {
+        GuestEvent::UserSaid { text, .. } => text.len(),
+        GuestEvent::Unknown { json, .. } => json.len(),
+        GuestEvent::ToolResult(answer) => answer.bytes(),
+        _ => 0,
     }
 }
 

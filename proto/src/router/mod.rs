@@ -6,8 +6,8 @@
 
 use crate::backoff;
 use crate::call::{
-    self, Call, CallKey, CallLimits, ConnId, Effects, FailurePolicy, GuestEvent, NotNow, Place,
-    Refused,
+    self, Call, CallKey, CallLimits, ConnId, Effects, FailurePolicy, GuestEvent, Handover, NotNow,
+    Place, Refused, Unadoptable, Unmovable,
 };
 use crate::stats::Stats;
 use crate::wire::{self, loggable, Frame};
@@ -303,6 +303,11 @@ impl Router {
         }
     }
 
+    /// Where a call is; `None` once the router has forgotten it.
+    pub fn place_of(&self, key: CallKey) -> Option<Place> {
+        self.calls.get(&key).map(Call::place)
+    }
+
     /// The call of a session, for tests.
     #[cfg(any(test, feature = "fuzzing"))]
     pub fn call(&self, session_id: &str) -> Option<&Call> {
@@ -562,6 +567,56 @@ impl Router {
     /// The call's task has stopped: the call is forgotten once it is finished.
     pub fn handle_guest_gone(&mut self, key: CallKey) {
         self.with_call(key, |call, _| call.guest_gone());
+    }
+
+    // ----- calls moving between hosts -----
+
+    /// Takes call `key` out for another host ([`Call::hand_over`]): nothing of it is read or written here
+    /// afterwards, and it is forgotten (its session id remembered, so that its frames here are ignored).
+    pub fn hand_over(&mut self, now: Instant, key: CallKey) -> Result<Handover, Unmovable> {
+        self.now = self.now.max(now);
+        let handover = self
+            .with_call(key, |call, fx| call.hand_over(fx))
+            .unwrap_or(Err(Unmovable::NotLive))?;
+        tracing::info!(session = handover.session_id, "call handed over");
+        Ok(handover)
+    }
+
+    /// A call another host handed over ([`Call::adopted`]): carried to a connection with a
+    /// `session.resume` as soon as one can take it; its guest's task is the shell's to start (with the key
+    /// returned). A call this router handed over itself may come back.
+    pub fn adopt(
+        &mut self,
+        now: Instant,
+        handover: Handover,
+    ) -> Result<CallKey, Unadoptable> {
+        self.now = self.now.max(now);
+        if self.stopped || self.sessions.contains_key(&handover.session_id) {
+            return Err(Unadoptable::Duplicate);
+        }
+        if self.calls.len() >= MAX_CALLS {
+            return Err(Unadoptable::Invalid);
+        }
+        let key = CallKey(self.next_key);
+        let call = Call::adopted(
+            key,
+            handover,
+            self.config.limits.clone(),
+            self.config.policy.clone(),
+            now,
+        )?;
+        self.next_key += 1;
+        self.recent_ids.remove(call.session_id());
+        self.fx.stats.adopted += 1;
+        tracing::info!(session = call.session_id(), "call adopted from another host");
+        let place = call.place();
+        let deadline = call.deadline();
+        self.sessions.insert(call.session_id().to_string(), key);
+        self.calls.insert(key, call);
+        self.reindex(key, Place::Done, place, None, deadline);
+        self.out.push_back(Output::Call(call::Output::Wake { key }));
+        self.place(now);
+        Ok(key)
     }
 
     // ----- inside -----

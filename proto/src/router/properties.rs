@@ -1345,7 +1345,7 @@ impl World {
                 .push(format!("{id}: an event after the end: {event:?}"));
         }
         let heard = match event {
-            GuestEvent::Start | GuestEvent::Audio(_) => return,
+            GuestEvent::Start | GuestEvent::Moved | GuestEvent::Audio(_) => return,
             GuestEvent::End { .. } => {
                 *self.seen.entry("guest heard the end").or_default() += 1;
                 let guest = self.guests.get_mut(&key).expect("a guest");

@@ -610,3 +610,155 @@ fn a_connection_full_refusal_is_believed_for_a_while_only() {
     t.later(FULL_FOR);
     assert_eq!(t.written(), [(2, "session.resume".into(), "vs_a".into())]);
 }
+
+// ----- calls moving between hosts -----
+
+/// The guest of `id` says `text` on router `t`.
+fn guest_says(t: &mut Test, id: &str, text: &str) {
+    let key = t.router.call(id).map(Call::key).unwrap();
+    let frame = Frame::AgentSay(sentdm_voice_agents::frames::AgentSay {
+        session_id: id.into(),
+        text: text.into(),
+        interruptible: None,
+        last: None,
+    });
+    let encoded = wire::frames::encode_to_string(&frame).unwrap();
+    let now = t.now;
+    t.router.handle_send(now, key, &frame, encoded).unwrap();
+}
+
+/// A second host's router, with connection 1 open.
+fn other_host() -> Test {
+    let mut t = Test::new(1);
+    t.dials();
+    t.open(1);
+    t
+}
+
+#[test]
+fn a_call_handed_over_resumes_on_the_next_host_and_replays_what_sent_did_not_read() {
+    let mut a = other_host();
+    a.frame(1, start("vs_a", None));
+    assert_eq!(a.events("vs_a"), [GuestEvent::Start]);
+    for text in ["one", "two", "three"] {
+        guest_says(&mut a, "vs_a", text);
+    }
+    a.frame(1, said("vs_a", "not yet heard by the guest"));
+    a.outputs();
+    let key = a.router.call("vs_a").unwrap().key();
+    let handover = a.router.hand_over(a.now, key).unwrap();
+    assert_eq!(handover.counts(), (1, 3));
+    assert!(a
+        .outputs()
+        .contains(&Output::Call(call::Output::Retract { conn: 1, key })));
+    assert!(a.router.call("vs_a").is_none(), "forgotten by the host it left");
+    // Sent's frames for it on the old host reach nobody there.
+    a.frame(1, said("vs_a", "for the next host"));
+    assert_eq!(a.router.calls(), 0);
+    assert_eq!(a.router.stats().handed_over, 1);
+
+    // The handover crosses hosts as data.
+    let json = serde_json::to_string(&handover).unwrap();
+    let handover: Handover = serde_json::from_str(&json).unwrap();
+    let mut b = other_host();
+    b.router.adopt(b.now, handover).unwrap();
+    let resume = b.outputs();
+    let resume: Vec<_> = resume
+        .iter()
+        .filter_map(|o| match o {
+            Output::Call(call::Output::Frame { conn, text, .. }) => Some((*conn, text.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resume.len(), 1, "{resume:?}");
+    assert_eq!(resume[0].0, 1);
+    assert!(resume[0].1.contains(r#""type":"session.resume""#) && resume[0].1.contains(r#""received":1"#));
+    assert!(matches!(b.place("vs_a"), Place::Moving { conn: 1, .. }));
+
+    // Sent read "one" of the three: "two" and "three" go again, once.
+    let mut resumed = resumed("vs_a", None);
+    if let Frame::SessionResumed(r) = &mut resumed {
+        r.received = 1;
+        r.resume = Some(sentdm_voice_agents::frames::Resume {
+            token: "vsr_next0123456789abcdefghijklmnop".into(),
+            window_ms: 5000,
+        });
+    }
+    b.frame(1, resumed);
+    let replay: Vec<String> = b
+        .outputs()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Call(call::Output::Frame { text, .. }) => Some(text),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replay.len(), 2, "{replay:?}");
+    assert!(replay[0].contains("two") && replay[1].contains("three"));
+    assert!(matches!(b.place("vs_a"), Place::Live { conn: 1, .. }));
+    b.frame(1, said("vs_a", "for the next host"));
+    assert_eq!(
+        b.events("vs_a"),
+        [
+            GuestEvent::Moved,
+            GuestEvent::UserSaid {
+                text: "not yet heard by the guest".into(),
+                correction: false
+            },
+            GuestEvent::UserSaid {
+                text: "for the next host".into(),
+                correction: false
+            },
+        ]
+    );
+    assert_eq!(b.router.stats().adopted, 1);
+}
+
+#[test]
+fn a_call_handed_over_before_its_guest_started_starts_on_the_next_host() {
+    let mut a = other_host();
+    a.frame(1, start("vs_a", None));
+    let key = a.router.call("vs_a").unwrap().key();
+    let handover = a.router.hand_over(a.now, key).unwrap();
+    let mut b = other_host();
+    b.router.adopt(b.now, handover).unwrap();
+    assert_eq!(b.events("vs_a"), [GuestEvent::Start]);
+}
+
+#[test]
+fn a_call_without_a_token_or_ending_stays_where_it_is() {
+    let mut a = other_host();
+    a.frame(1, Frame::SessionStart(call::fixtures::session_start("vs_a", None, None, 0)));
+    let key = a.router.call("vs_a").unwrap().key();
+    assert_eq!(a.router.hand_over(a.now, key), Err(Unmovable::NoToken));
+    a.frame(1, start("vs_b", None));
+    a.frame(1, end("vs_b"));
+    let key = a.router.call("vs_b").unwrap().key();
+    assert!(a.router.hand_over(a.now, key).is_err(), "its end waits for the guest");
+    assert!(a.router.call("vs_b").is_some());
+}
+
+#[test]
+fn a_call_handed_over_and_adopted_back_is_served_again() {
+    let mut a = other_host();
+    a.frame(1, start("vs_a", None));
+    let key = a.router.call("vs_a").unwrap().key();
+    let handover = a.router.hand_over(a.now, key).unwrap();
+    let again = a.router.adopt(a.now, handover.clone()).unwrap();
+    assert_ne!(again, key);
+    assert_eq!(a.router.adopt(a.now, handover), Err(Unadoptable::Duplicate));
+}
+
+#[test]
+fn a_handover_holding_more_than_a_call_may_is_refused() {
+    let mut a = other_host();
+    a.frame(1, start("vs_a", None));
+    let key = a.router.call("vs_a").unwrap().key();
+    let handover = a.router.hand_over(a.now, key).unwrap();
+    let mut json: serde_json::Value = serde_json::to_value(&handover).unwrap();
+    json["kept"] = serde_json::Value::Array(vec![serde_json::json!(["{}", null]); wire::RETAINED_FRAMES + 1]);
+    let tampered: Handover = serde_json::from_value(json).unwrap();
+    let mut b = other_host();
+    assert_eq!(b.router.adopt(b.now, tampered), Err(Unadoptable::Invalid));
+    assert_eq!(b.router.calls(), 0);
+}
