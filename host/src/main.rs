@@ -317,6 +317,18 @@ async fn serve(path: &std::path::Path) -> Result<()> {
     })
     .await;
     serve_until_stopped(&tenancy, tls.as_deref(), path).await;
+    if let Some(cluster) = &config.cluster {
+        // A second signal still exits at once, while calls are handed over too.
+        let second = tokio::spawn(async {
+            shutdown_signal().await;
+            tracing::warn!("a second signal: exiting at once");
+            std::process::exit(130);
+        });
+        tenancy
+            .leave(Duration::from_secs(cluster.leave_seconds))
+            .await;
+        second.abort();
+    }
     tracing::info!(
         grace_s = SHUTDOWN_GRACE.as_secs(),
         "stopping: closing every connection with 1000 (a second SIGINT or SIGTERM exits at once)"

@@ -154,6 +154,10 @@ pub struct Stats {
     pub deprecated_world_calls: Counter,
     /// Calls given their failure policy (once per call at most).
     pub policies_applied: Counter,
+    /// Calls handed over to another host (cluster mode, the host leaving).
+    pub calls_handed_over: Counter,
+    /// Calls another host handed over, taken here.
+    pub calls_taken_over: Counter,
     /// Calls over a session cap: given the failure policy at once, never a guest.
     pub sessions_refused: Counter,
     /// Calls that found no slot in the host's pool their tenant may take (the rest is other tenants'
@@ -210,6 +214,12 @@ impl Stats {
                 before.policies_applied,
                 now.policies_applied,
             ),
+            (
+                &self.calls_handed_over,
+                before.handed_over,
+                now.handed_over,
+            ),
+            (&self.calls_taken_over, before.adopted, now.adopted),
         ];
         for (counter, was, is) in counted {
             if is > was {

@@ -4,6 +4,7 @@
 //! agent's lock; what the protocol allows is decided there, not here.
 
 use super::admission::{Permit, Refusal};
+use super::moving::{start_without_token, MovingCall};
 use super::{Agent, Deployment, FailurePolicy};
 use crate::sandbox::limits;
 use crate::sandbox::wit::{self, CallInfo, Direction, Level, Party};
@@ -56,7 +57,8 @@ struct CallImports {
     key: CallKey,
     info: CallInfo,
     session_id: String,
-    saved: Mutex<HashMap<String, Vec<u8>>>,
+    /// Shared with the call's task, which hands it over with the call when the host leaves.
+    saved: Arc<Mutex<Saved>>,
     state_bytes: usize,
     stats: Arc<Stats>,
 }
@@ -119,6 +121,31 @@ async fn room(until: Instant, wrote: Option<Pin<Box<tokio::sync::futures::Notifi
         None => deadline.await,
     }
 }
+
+/// What the guest saved with `save`, by key.
+type Saved = HashMap<String, Vec<u8>>;
+
+/// What a call brings when it comes from another host (nothing, for a call that starts here).
+pub(super) struct Taken {
+    /// What the guest saved there.
+    pub(super) saved: Saved,
+    /// The call does not leave again before this (a leaving host that took back a call no peer took).
+    pub(super) leave_after: Instant,
+}
+
+impl Taken {
+    /// A call that starts here.
+    pub(super) fn nothing() -> Taken {
+        Taken {
+            saved: Saved::new(),
+            leave_after: Instant::now(),
+        }
+    }
+}
+
+/// How long a call that could not leave (no token, its end queued, its policy running) waits before it
+/// is tried again.
+const LEAVE_AGAIN_AFTER: Duration = Duration::from_millis(500);
 
 /// What one saved entry costs against the call's state bound: its key and value, and what the map keeps
 /// for every entry (so that many tiny keys cannot cost the host more than the bound says).
@@ -312,10 +339,12 @@ pub(super) async fn run(
     waker: Arc<Notify>,
     deployment: Arc<Deployment>,
     permit: Result<Permit, Refusal>,
+    taken: Taken,
 ) {
     let info = info_of(&start, Media::of(&start));
     let session_id = start.session_id.clone();
     let stats = agent.stats.clone();
+    let saved = Arc::new(Mutex::new(taken.saved));
     let task = Task {
         agent: agent.clone(),
         key,
@@ -323,6 +352,10 @@ pub(super) async fn run(
         waker,
         session_id: session_id.clone(),
         rules: deployment.rules.clone(),
+        start,
+        saved: saved.clone(),
+        version: deployment.version,
+        leave_after: Mutex::new(taken.leave_after),
     };
     let permit = match permit {
         Ok(permit) => permit,
@@ -360,7 +393,7 @@ pub(super) async fn run(
         key,
         info,
         session_id: session_id.clone(),
-        saved: Mutex::new(HashMap::new()),
+        saved,
         state_bytes: deployment.rules.state_bytes,
         stats,
     });
@@ -385,6 +418,12 @@ struct Task {
     force_trap: ForceTrap,
     session_id: String,
     rules: CallRules,
+    /// Sent's `session.start`, for a handover.
+    start: Box<SessionStart>,
+    saved: Arc<Mutex<Saved>>,
+    version: u32,
+    /// When the host leaves, the call leaves at its first handler boundary from then.
+    leave_after: Mutex<Instant>,
 }
 
 /// What the call's task does next.
@@ -393,6 +432,8 @@ enum Turn {
     Event(GuestEvent),
     /// Replaces the instance as if it had trapped ([`ForceTrap`]).
     ForcedTrap,
+    /// The host leaves: the call is to be handed over, between two handlers.
+    Leave,
 }
 
 /// What follows a trap.
@@ -414,6 +455,10 @@ impl Task {
             if self.force_trap.take() {
                 return Some(Turn::ForcedTrap);
             }
+            let leave_at = self.leave_at();
+            if leave_at.is_some_and(|at| at <= Instant::now()) {
+                return Some(Turn::Leave);
+            }
             let (event, known) = self.agent.with(|shared| {
                 let event = shared.router.poll_event(self.key);
                 (event, shared.wakers.contains_key(&self.key))
@@ -421,8 +466,67 @@ impl Task {
             if event.is_some() || !known {
                 return event.map(Turn::Event);
             }
-            notified.await;
+            match leave_at {
+                Some(at) => {
+                    tokio::select! {
+                        () = notified => {}
+                        () = tokio::time::sleep_until(at.into()) => {}
+                    }
+                }
+                None => notified.await,
+            }
         }
+    }
+
+    /// When the call is to leave: never unless the host leaves.
+    fn leave_at(&self) -> Option<Instant> {
+        let leaving = self.agent.leave.as_ref().is_some_and(|leave| *leave.borrow());
+        leaving.then(|| *self.leave_after.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Hands the call over, between two handlers: out of the router with its saved state, to whoever
+    /// takes leaving calls. Returns false when it cannot leave now (tried again a little later).
+    fn hand_over(&self) -> bool {
+        let Some(out) = &self.agent.moves_out else {
+            return false;
+        };
+        let saved: Vec<(String, Vec<u8>)> = self
+            .saved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let key = self.key;
+        let handed = self
+            .agent
+            .with(|shared| shared.router.hand_over(Instant::now(), key));
+        let call = match handed {
+            Ok(call) => call,
+            Err(why) => {
+                tracing::debug!(session = self.session_id, ?why, "the call cannot leave now");
+                *self.leave_after.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Instant::now() + LEAVE_AGAIN_AFTER;
+                return false;
+            }
+        };
+        let moving = MovingCall {
+            call,
+            start: start_without_token(&self.start),
+            saved,
+            version: self.version,
+        };
+        if let Err(unsent) = out(moving) {
+            // Nobody takes leaving calls any more: the call stays here, resumed on this host's connection.
+            tracing::warn!(session = self.session_id, "nobody takes leaving calls: the call stays");
+            let (resumed, _) = oneshot::channel();
+            self.agent.adopt(super::Arrival {
+                call: unsent,
+                leave_after: Duration::from_secs(3600),
+                resumed,
+            });
+        }
+        true
     }
 
     /// The agent cannot serve the call: its failure policy; then only the end is awaited.
@@ -469,6 +573,13 @@ impl Task {
                     matches!(event, GuestEvent::End { .. } | GuestEvent::Lost),
                     Some(Event::from(event)),
                 ),
+                Turn::Leave => {
+                    if self.hand_over() {
+                        tracing::info!(session = self.session_id, "the call leaves this host");
+                        return;
+                    }
+                    continue;
+                }
                 Turn::ForcedTrap => {
                     tracing::warn!(
                         session = self.session_id,

@@ -11,10 +11,12 @@
 mod admission;
 mod call_task;
 pub mod connection;
+mod moving;
 
 pub use admission::{Admission, Gate, Refusal};
 pub use call_task::CallRules;
 pub use connection::{ApiKey, ConnectError, Dial, SENT_URL};
+pub use moving::{Arrival, Moves, MovingCall};
 pub use voicehost_proto::call::FailurePolicy;
 
 use crate::sandbox::AgentCode;
@@ -39,7 +41,6 @@ pub struct Deployment {
 }
 
 /// One agent as the host serves it.
-#[derive(Clone)]
 pub struct AgentConfig {
     /// Where to connect to Sent, as which agent, with which key.
     pub dial: Dial,
@@ -49,6 +50,8 @@ pub struct AgentConfig {
     pub connections: usize,
     /// The caps on concurrent calls this agent's calls fall under.
     pub admission: Admission,
+    /// In a cluster: where its calls go when the host leaves, and calls handed to it by other hosts.
+    pub moves: Option<Moves>,
 }
 
 impl AgentConfig {
@@ -64,6 +67,7 @@ impl AgentConfig {
             deployment,
             connections,
             admission: Admission::default(),
+            moves: None,
         }
     }
 }
@@ -102,6 +106,10 @@ struct Agent {
     deployment: watch::Receiver<Arc<Deployment>>,
     admission: Admission,
     stats: Arc<Stats>,
+    /// True once the host leaves (cluster mode): calls that can move leave at their next handler boundary.
+    leave: Option<watch::Receiver<bool>>,
+    /// Where leaving calls go.
+    moves_out: Option<moving::LeavingSink>,
 }
 
 /// Serves the agent's calls until `stop` turns true. Fails only when Sent refuses the connection for a
@@ -139,8 +147,16 @@ pub async fn serve(
         deployment: config.deployment.clone(),
         admission: config.admission,
         stats,
+        leave: config.moves.as_ref().map(|m| m.leave.clone()),
+        moves_out: config.moves.as_ref().map(|m| m.out.clone()),
     });
     let mut deployments = config.deployment;
+    let (mut leave, mut arrivals) = match config.moves {
+        Some(moves) => (Some(moves.leave), Some(moves.arrive)),
+        None => (None, None),
+    };
+    // Calls handed over here, waiting for Sent to answer their resume.
+    let mut resuming: Vec<moving::Resuming> = Vec::new();
     agent.with(|shared| shared.router.start(Instant::now()));
     let result = loop {
         let deadline = agent.lock().router.poll_timeout();
@@ -169,6 +185,13 @@ pub async fn serve(
                 let rules = deployments.borrow().rules.clone();
                 agent.with(|shared| shared.router.set_rules(rules.call, rules.policy));
             }
+            Some(arrival) = next_arrival(&mut arrivals) => {
+                resuming.extend(agent.adopt(arrival));
+            }
+            () = left(&mut leave) => {
+                // Every call's task looks at once: those between handlers leave now.
+                agent.lock().wakers.values().for_each(|waker| waker.notify_one());
+            }
         }
         // Whatever woke the loop, what is due is done now. The connections' events are handled in their
         // own tasks, so no flood of them keeps this one from its timers.
@@ -183,6 +206,13 @@ pub async fn serve(
             tracing::error!(%error, "Sent refused the agent: stopping");
             break Err(error);
         }
+        resuming = resuming
+            .into_iter()
+            .filter_map(|r| {
+                let place = agent.place_of(r.key());
+                r.settled(place)
+            })
+            .collect();
     };
     let closing = agent.with(|shared| {
         shared.router.stop(Instant::now());
@@ -204,6 +234,28 @@ pub async fn serve(
     }
     agent.lock().stopped = true;
     result
+}
+
+/// The next call handed to the agent, if it takes any (never, otherwise).
+async fn next_arrival(
+    arrivals: &mut Option<tokio::sync::mpsc::Receiver<Arrival>>,
+) -> Option<Arrival> {
+    match arrivals {
+        Some(arrivals) => arrivals.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Returns once the host leaves (and never again after).
+async fn left(leave: &mut Option<watch::Receiver<bool>>) {
+    let Some(receiver) = leave else {
+        return std::future::pending().await;
+    };
+    let left = receiver.wait_for(|leave| *leave).await.is_ok();
+    *leave = None;
+    if !left {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// The agent as its connections' [`EventSink`].
@@ -415,6 +467,7 @@ impl Agent {
                         waker,
                         deployment,
                         permit,
+                        call_task::Taken::nothing(),
                     ));
                 }
             }

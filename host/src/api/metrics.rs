@@ -42,7 +42,7 @@ enum Read {
 
 use Read::{Counter as C, Gauge as G};
 
-const SERIES: [AgentSeries; 22] = [
+const SERIES: [AgentSeries; 24] = [
     (
         "sessions_started",
         "Calls Sent started with the agent.",
@@ -87,6 +87,16 @@ const SERIES: [AgentSeries; 22] = [
         "failure_policies",
         "Failure policies applied (repeated traps, over a cap, no instance, or behind Sent).",
         C(|s| &s.policies_applied),
+    ),
+    (
+        "calls_handed_over",
+        "Calls handed over to another host of the cluster while this one left (a rolling restart).",
+        C(|s| &s.calls_handed_over),
+    ),
+    (
+        "calls_taken_over",
+        "Calls another host of the cluster handed over, taken here (or taken back after no peer took them).",
+        C(|s| &s.calls_taken_over),
     ),
     (
         "frames_in",

@@ -70,6 +70,7 @@ impl Local {
             connections: 1,
             admission: Admission::new(Vec::new())
                 .with_slots(Budget::new(POOL_CALLS as u64).part(agent_id)),
+            moves: None,
         };
         let stats = Arc::new(Stats::default());
         let (stop, stopped) = watch::channel(false);

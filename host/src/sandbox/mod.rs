@@ -161,6 +161,8 @@ pub mod wit {
         fn from(event: GuestEvent) -> Event {
             match event {
                 GuestEvent::Start => Event::SessionStart,
+                // The call moved here from another host: this instance takes over from that host's.
+                GuestEvent::Moved => Event::Restart(RestartReason::Forced),
                 GuestEvent::UserSaid { text, correction } => {
                     Event::UserSaid(UserSaid { text, correction })
                 }

@@ -48,6 +48,13 @@ const CALLS_TTL: Duration = Duration::from_secs(30);
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the host waits for NATS at start before it gives up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a claim on a handed-over call's token is kept: longer than any resume window Sent gives.
+const CLAIMS_TTL: Duration = Duration::from_secs(600);
+/// How long a leaving host waits for a peer to take a call it offers (the client's own request timeout,
+/// 10 s, is longer).
+pub const OFFER_TIMEOUT: Duration = Duration::from_secs(8);
+/// Offers a host holds that it has not answered yet, at most; more wait in NATS (and time out there).
+const OFFERS_QUEUED: usize = 64;
 
 /// The registry's store on JetStream.
 pub struct NatsStore {
@@ -64,6 +71,10 @@ pub struct NatsStore {
     suspected: std::sync::Mutex<BTreeSet<String>>,
     /// Each host's live calls per tenant, under its id.
     calls: kv::Store,
+    /// Claims on handed-over calls' tokens: whoever holds one resumes the call.
+    claims: kv::Store,
+    /// The subject calls are offered on (a queue group of the hosts taking calls).
+    offers_subject: String,
     host_id: String,
     changes: watch::Receiver<u64>,
     follower: tokio::task::JoinHandle<()>,
@@ -124,13 +135,14 @@ impl NatsStore {
             let Buckets {
                 index,
                 calls,
+                claims,
                 components,
                 chunks,
                 chunk_prefix,
             } = buckets;
-            anyhow::Ok((client, index, components, calls, chunks, chunk_prefix))
+            anyhow::Ok((client, index, components, calls, claims, chunks, chunk_prefix))
         });
-        let (client, index, components, calls, chunks, chunk_prefix) = match opened {
+        let (client, index, components, calls, claims, chunks, chunk_prefix) = match opened {
             Ok(opened) => opened,
             Err(error) => {
                 // Wherever the host opens its registry, an async context included: not waited for.
@@ -150,6 +162,8 @@ impl NatsStore {
             chunk_prefix,
             suspected: Default::default(),
             calls,
+            claims,
+            offers_subject: format!("voicehost.{}.handover", config.bucket_prefix),
             host_id,
             changes,
             follower,
@@ -282,10 +296,153 @@ impl NatsStore {
     }
 }
 
+/// One call offered by a leaving host: its message, and where the answer goes.
+pub struct Offered {
+    /// The offer, as the leaving host wrote it (at most the server's `max_payload`).
+    pub payload: Vec<u8>,
+    reply: Option<async_nats::Subject>,
+}
+
+/// The offers made to this host while it takes calls; dropping it leaves the queue group.
+pub struct Offers {
+    /// The offers, in the order they came.
+    pub next: tokio::sync::mpsc::Receiver<Offered>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Offers {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Whose a claim on a handed-over call's token is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// This host's now: it resumes the call.
+    Mine,
+    /// Another host's: it resumes the call, not this one.
+    Taken,
+}
+
+/// Calls handed between hosts: offered on a subject every host taking calls listens to in one queue
+/// group (one of them gets each offer), claimed by their token in a KV bucket (`PREFIX-claims`, kept
+/// [`CLAIMS_TTL`]), so that the peer that got an offer resumes the call only if nobody (the leaving host
+/// taking it back, say) has claimed it first.
+impl NatsStore {
+    /// This host's id in the cluster.
+    pub fn host_id(&self) -> &str {
+        &self.host_id
+    }
+
+    /// Joins the queue group calls are offered to.
+    pub async fn offers(&self) -> Result<Offers, StoreError> {
+        let (client, subject) = (self.client.clone(), self.offers_subject.clone());
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("the runtime lives as long as the store");
+        let group = format!("{subject}.takers");
+        let mut subscriber = runtime
+            .spawn(async move { client.queue_subscribe(subject, group).await })
+            .await
+            .map_err(unavailable)?
+            .map_err(unavailable)?;
+        let (tx, next) = tokio::sync::mpsc::channel(OFFERS_QUEUED);
+        let task = runtime.spawn(async move {
+            while let Some(message) = subscriber.next().await {
+                let offered = Offered {
+                    payload: message.payload.to_vec(),
+                    reply: message.reply,
+                };
+                if tx.send(offered).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Offers { next, task })
+    }
+
+    /// Offers a call to the hosts taking calls: the answer of the one that took the offer, or why none
+    /// came (nobody listens, none answered in [`OFFER_TIMEOUT`], NATS is not reachable).
+    pub async fn offer(&self, payload: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        if payload.len() > self.client.server_info().max_payload {
+            return Err(StoreError::Unavailable(format!(
+                "the call's state ({} bytes) is larger than NATS carries in one message",
+                payload.len()
+            )));
+        }
+        let (client, subject) = (self.client.clone(), self.offers_subject.clone());
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("the runtime lives as long as the store");
+        let asked = runtime.spawn(async move {
+            tokio::time::timeout(OFFER_TIMEOUT, client.request(subject, payload.into())).await
+        });
+        match asked.await.map_err(unavailable)? {
+            Ok(Ok(answer)) => Ok(answer.payload.to_vec()),
+            Ok(Err(error)) => Err(unavailable(error)),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no host answered in {} s",
+                OFFER_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
+    /// Answers an offer.
+    pub async fn answer(&self, offered: Offered, payload: Vec<u8>) -> Result<(), StoreError> {
+        let Some(reply) = offered.reply else {
+            return Ok(());
+        };
+        let client = self.client.clone();
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("the runtime lives as long as the store");
+        runtime
+            .spawn(async move {
+                tokio::time::timeout(CALL_TIMEOUT, client.publish(reply, payload.into())).await
+            })
+            .await
+            .map_err(unavailable)?
+            .map_err(|_| StoreError::Unavailable("NATS did not take the answer in time".into()))?
+            .map_err(unavailable)
+    }
+
+    /// Claims call `name` (a digest of its token) for this host, if nobody has (`take`: whoever has).
+    pub async fn claim(&self, name: &str, take: bool) -> Result<Claim, StoreError> {
+        let (claims, key, host) = (self.claims.clone(), format!("c{name}"), self.host_id.clone());
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("the runtime lives as long as the store");
+        let claimed = runtime.spawn(async move {
+            let value = bytes::Bytes::from(host.into_bytes());
+            if take {
+                claims.put(&key, value).await.map(|_| Claim::Mine).map_err(unavailable)
+            } else {
+                match claims.create(&key, value).await {
+                    Ok(_) => Ok(Claim::Mine),
+                    Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {
+                        Ok(Claim::Taken)
+                    }
+                    Err(error) => Err(unavailable(error)),
+                }
+            }
+        });
+        tokio::time::timeout(CALL_TIMEOUT, claimed)
+            .await
+            .map_err(|_| StoreError::Unavailable("NATS did not answer in time".into()))?
+            .unwrap_or_else(|e| Err(unavailable(e)))
+    }
+}
+
 /// The buckets (and the object store's stream) a host uses.
 struct Buckets {
     index: kv::Store,
     calls: kv::Store,
+    claims: kv::Store,
     components: object_store::ObjectStore,
     chunks: jetstream::stream::Stream,
     chunk_prefix: String,
@@ -314,6 +471,16 @@ impl Buckets {
             config.replicas,
         )
         .await?;
+        let claims = open_kv(
+            js,
+            &format!("{}-claims", config.bucket_prefix),
+            "claims on the tokens of calls handed between hosts",
+            1,
+            CLAIMS_TTL,
+            jetstream::stream::StorageType::File,
+            config.replicas,
+        )
+        .await?;
         let bucket = format!("{}-components", config.bucket_prefix);
         let components = match js.get_object_store(&bucket).await {
             Ok(store) => store,
@@ -337,6 +504,7 @@ impl Buckets {
         Ok(Buckets {
             index,
             calls,
+            claims,
             components,
             chunks,
             chunk_prefix,

@@ -76,6 +76,14 @@ pub struct ClusterConfig {
     /// Copies JetStream keeps of each bucket, when this host creates them (1, 3 or 5; 1).
     #[serde(default = "default_replicas")]
     pub replicas: usize,
+    /// How long a host that leaves (SIGTERM) hands its calls to the others before it closes its
+    /// connections with what is left (1–3600 s; 30). Kubernetes' grace period must cover it and 10 s more.
+    #[serde(default = "default_leave_seconds")]
+    pub leave_seconds: u64,
+}
+
+fn default_leave_seconds() -> u64 {
+    30
 }
 
 /// `url` with the user and password it may carry (`nats://user:password@host`) replaced by `***`.
@@ -128,6 +136,11 @@ impl ClusterConfig {
             matches!(self.replicas, 1 | 3 | 5),
             "cluster.replicas = {}: use 1, 3 or 5",
             self.replicas
+        );
+        anyhow::ensure!(
+            (1..=3600).contains(&self.leave_seconds),
+            "cluster.leave_seconds = {}: use 1 to 3600",
+            self.leave_seconds
         );
         Ok(())
     }

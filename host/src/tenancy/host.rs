@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+mod handover;
+pub use handover::Left;
+
 /// Why the server refused a change asked through the admin API.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -79,6 +82,8 @@ struct Running {
     refused: Arc<Mutex<Option<String>>>,
     /// The agent's own cap on concurrent calls (unbounded when the config sets none; the tenant's applies).
     agent_gate: Arc<Gate>,
+    /// In a cluster: where calls other hosts hand over go.
+    arrive: Option<tokio::sync::mpsc::Sender<crate::agent::Arrival>>,
 }
 
 // One type for the tenancy and the admin API: `api/views.rs` serialises it as it is, and its doc comments
@@ -163,6 +168,11 @@ pub struct Tenancy {
     switching: Mutex<BTreeSet<(String, String, u32)>>,
     /// Other hosts' changes to the shared registry this host has taken (see [`Tenancy::follow`]).
     pub cluster_changes: Counter,
+    /// True once the host leaves the cluster ([`Tenancy::leave`]): its calls leave for other hosts.
+    leaving: watch::Sender<bool>,
+    /// Where its agents' leaving calls go, and where [`Tenancy::leave`] takes them from (once).
+    leavers: tokio::sync::mpsc::UnboundedSender<handover::Leaving>,
+    leaving_calls: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<handover::Leaving>>>,
     running: Mutex<BTreeMap<(String, String), Running>>,
     /// Active agents not served yet because their version is being compiled (at start, or after a
     /// reload adds their tenant): shown as `loading`.
@@ -249,7 +259,11 @@ impl Tenancy {
             Budget::new(config.guest_memory_bytes()),
         );
         reserve(&slots, &memory, tenants.values().map(|(t, _)| &**t));
+        let (leavers, leaving_calls) = tokio::sync::mpsc::unbounded_channel();
         Ok(Arc::new(Tenancy {
+            leaving: watch::Sender::new(false),
+            leavers,
+            leaving_calls: Mutex::new(Some(leaving_calls)),
             metrics_token: RwLock::new(config.metrics_token()?),
             sandbox,
             sent_url: config.sent_url.clone(),
@@ -333,6 +347,8 @@ impl Tenancy {
             }
         });
         self.background().push(task);
+        let offers = tokio::spawn(self.clone().take_offers());
+        self.background().push(offers);
     }
 
     /// Reads the shared registry again and serves what it now says: an agent deleted or deactivated on
@@ -1467,11 +1483,13 @@ impl Tenancy {
         let (deployments, receiver) = watch::channel(deployment);
         let (stop, stopped) = watch::channel(false);
         let stats = Arc::new(Stats::default());
+        let (moves, arrive) = self.moves_for(tenant, agent).unzip();
         let config = AgentConfig {
             dial: Dial::new(self.sent_url.clone(), agent, tenant_config.api_key.clone()),
             deployment: receiver,
             connections: self.connections,
             admission: Admission::new(gates).with_slots(self.slots.part(tenant)),
+            moves,
         };
         let (tenant_id, agent_id) = (tenant.to_string(), agent.to_string());
         let refused = Arc::new(Mutex::new(None));
@@ -1494,6 +1512,7 @@ impl Tenancy {
                 task,
                 refused,
                 agent_gate,
+                arrive,
             },
         );
     }

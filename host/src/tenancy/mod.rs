@@ -15,6 +15,6 @@ pub use config::{
     token_sha256, valid_agent_id, AdminConfig, ClusterConfig, KeySource, ServeConfig, Tenant,
     TokenHash, AGENT_ID_RULE, MAX_API_KEY_BYTES, MAX_CONNECTIONS, MAX_TOKEN_BYTES,
 };
-pub use host::{check_agent_id, AgentStatus, ServeError, Tenancy, UploadSlot};
+pub use host::{check_agent_id, AgentStatus, Left, ServeError, Tenancy, UploadSlot};
 pub use quota::{Quota, Usage};
 pub use registry::{AgentRecord, ComponentStore, RegistryError, StoreError, VersionRecord};

@@ -435,6 +435,7 @@ async fn chunks_of_a_put_cut_short_are_purged_at_the_second_sweep_and_components
         host_id: Some("sweeper".into()),
         bucket_prefix: "voicehost".into(),
         replicas: 1,
+        leave_seconds: 30,
     };
     let store = std::sync::Arc::new(NatsStore::connect(&config).unwrap());
     let kept = voicehost::content::Spooled::from_bytes(&dir, b"\0asm a component").unwrap();
