@@ -42,6 +42,11 @@ impl Gate {
             .is_ok()
     }
 
+    /// Counts a call in whatever the cap: one that moved here from another host of the cluster.
+    fn enter_anyway(&self) {
+        self.live.fetch_add(1, Ordering::AcqRel);
+    }
+
     fn leave(&self) {
         self.live.fetch_sub(1, Ordering::AcqRel);
     }
@@ -101,6 +106,25 @@ impl Admission {
         }
         Ok(permit)
     }
+
+    /// A call handed over by another host of the cluster: it needs a pool slot here, but is let in under
+    /// the session caps whatever they say (the cluster counts it already, on the host it left, until that
+    /// host's next count; refusing it would lose a live call).
+    pub fn admit_moved(&self, pool_slots: u32) -> Result<Permit, Refusal> {
+        let mut permit = Permit {
+            gates: self.gates.clone(),
+            slots: None,
+        };
+        if let Some(slots) = &self.slots {
+            if !slots.take(u64::from(pool_slots)) {
+                permit.gates.clear();
+                return Err(Refusal::HostFull);
+            }
+            permit.slots = Some((slots.clone(), pool_slots));
+        }
+        self.gates.iter().for_each(|gate| gate.enter_anyway());
+        Ok(permit)
+    }
 }
 
 /// One admitted call's room under its caps and its pool slot, given back on drop.
@@ -147,6 +171,21 @@ mod tests {
         drop(first);
         assert_eq!((tenant.live(), agent.live()), (0, 0));
         assert!(admission.admit(1).is_ok());
+    }
+
+    #[test]
+    fn a_call_moved_from_another_host_is_let_in_over_the_caps_but_not_past_the_pool() {
+        let pool = crate::sandbox::budget::Budget::new(1);
+        let tenant = Gate::new(1);
+        let admission = Admission::new(vec![tenant.clone()]).with_slots(pool.part("acme"));
+        let here = admission.admit(0).expect("room for one");
+        let moved = admission.admit_moved(0).expect("counted, over the cap");
+        assert_eq!(tenant.live(), 2);
+        let slot = admission.admit_moved(1).expect("the pool's one slot");
+        assert_eq!(admission.admit_moved(1).unwrap_err(), Refusal::HostFull);
+        assert_eq!(tenant.live(), 3, "a call refused a slot is not counted");
+        drop((here, moved, slot));
+        assert_eq!((tenant.live(), pool.used()), (0, 0));
     }
 
     #[test]

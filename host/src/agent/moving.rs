@@ -94,7 +94,7 @@ impl Agent {
         } = arrival;
         let session_id = moving.call.session_id.clone();
         let deployment = self.deployment.borrow().clone();
-        let permit = match self.admission.admit(deployment.code.pool_slots()) {
+        let permit = match self.admission.admit_moved(deployment.code.pool_slots()) {
             Ok(permit) => permit,
             Err(refusal) => {
                 tracing::warn!(session = session_id, ?refusal, "a call handed over: no room here");

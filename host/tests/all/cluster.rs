@@ -45,6 +45,11 @@ impl Cluster {
 
     /// [`Cluster::start_with`] on a NATS cluster of `servers` (JetStream keeping each bucket on each).
     async fn start_on(name: &str, acme: &str, servers: usize) -> Cluster {
+        Cluster::start_hosts(name, acme, servers, &["a", "b", "c"]).await
+    }
+
+    /// [`Cluster::start_on`] with these hosts only.
+    async fn start_hosts(name: &str, acme: &str, servers: usize, hosts: &[&str]) -> Cluster {
         voicehost_testkit::init_tracing();
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("cluster-{name}-{}", std::process::id()));
@@ -73,7 +78,7 @@ impl Cluster {
             acme: acme.to_string(),
             converge_within: CONVERGE_WITHIN,
         };
-        for id in ["a", "b", "c"] {
+        for id in hosts {
             let host = cluster.host(id);
             cluster.hosts.push(host);
         }
@@ -90,7 +95,7 @@ impl Cluster {
             &config,
             format!(
                 "data_dir = \"data-{id}\"\nsent_url = \"{}\"\n[admin]\nlisten = \"127.0.0.1:0\"\nrequests_per_second = 100000\n\
-                 [cluster]\nservers = [{}]\nhost_id = \"{id}\"\nreplicas = {}\n\
+                 [cluster]\nservers = [{}]\nhost_id = \"{id}\"\nreplicas = {}\nleave_seconds = 30\n\
                  [[tenants]]\nid = \"acme\"\ntoken_sha256 = \"{}\"\napi_key_file = \"acme.key\"\n{}\n",
                 self.sim.url(),
                 self.nats
@@ -219,8 +224,19 @@ impl Cluster {
     }
 }
 
+/// Keeps a host's log in `$CLUSTER_LOGS/<name>.log` when that is set (to read after a failed run).
+fn keep_log(name: &str, log: &str) {
+    if let Ok(dir) = std::env::var("CLUSTER_LOGS") {
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(PathBuf::from(dir).join(format!("{name}.log")), log);
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
+        for (n, host) in self.hosts.iter().enumerate() {
+            keep_log(&format!("host-{n}-last"), &host.log.lock().unwrap());
+        }
         self.hosts.clear();
         self.nats.iter_mut().for_each(Nats::kill);
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -527,4 +543,171 @@ async fn the_hosts_keep_serving_and_converging_when_one_of_three_nats_servers_di
         .await;
     assert_eq!(status, 200, "{body}");
     cluster.all_serve(1).await;
+}
+
+/// Restarts host `at` as a rolling update does: SIGTERM (it hands its calls over and exits 0), then the
+/// same host again, waited for until it serves `version`. Returns what the old one logged.
+async fn restart(cluster: &mut Cluster, at: usize, version: u64) -> String {
+    let old = cluster.hosts.remove(at);
+    let log = tokio::task::spawn_blocking(move || old.stop()).await.unwrap();
+    let id = ["a", "b", "c"][at];
+    keep_log(&format!("{id}-stopped"), &log);
+    let new = cluster.host(id);
+    new.healthy().await;
+    cluster.hosts.insert(at, new);
+    cluster
+        .until(at, |status, agent| {
+            status == 200 && agent["served_version"] == version && agent["status"] == "serving"
+        })
+        .await;
+    log
+}
+
+/// The `key=value` a host logged on its "cluster: left" line.
+fn left_count(log: &str, key: &str) -> u64 {
+    let line = log
+        .lines()
+        .find(|l| l.contains("cluster: left"))
+        .unwrap_or_else(|| panic!("the host never said it left:\n{log}"));
+    line.split_whitespace()
+        .find_map(|word| word.strip_prefix(&format!("{key}=")))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_every_host_loses_no_call_and_no_frame() {
+    let calls: usize = std::env::var("CLUSTER_ROLLING_CALLS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(12);
+    let mut cluster = Cluster::start("rolling").await;
+    cluster.upload(0, "conformance", true).await;
+    cluster.all_serve(1).await;
+    while cluster.sim.usable_connections(AGENT).len() < 3 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let plan = sentsim::chaos::ChaosPlan {
+        calls,
+        at_once: calls,
+        lines: 150,
+        line_every: Duration::from_millis(200),
+        audio_one_in: 3,
+        fault_every: None,
+        seed: fastrand::u64(..),
+    };
+    let sim = cluster.sim.clone();
+    let run = tokio::spawn(async move { sentsim::chaos::run(&sim, AGENT, &plan).await });
+    // Every call placed and talking, spread over the three hosts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut handed_over = 0;
+    for at in 0..3 {
+        let log = restart(&mut cluster, at, 1).await;
+        assert_eq!(left_count(&log, "left_behind"), 0, "{log}");
+        handed_over += left_count(&log, "handed_over");
+    }
+    let report = run.await.unwrap().unwrap_or_else(|broken| panic!("{broken}"));
+    let mut gaps = report.audio_gaps.clone();
+    gaps.sort();
+    eprintln!(
+        "rolling restart: {report}; {handed_over} handovers; audio gap per call p50 {:?}, max {:?}",
+        gaps.get(gaps.len() / 2),
+        gaps.last()
+    );
+    assert_eq!(report.lost, 0, "{report}");
+    assert_eq!(report.ended, calls, "{report}");
+    assert!(
+        handed_over >= calls as u64,
+        "each call lives through three restarts, so it is handed over at least once: {handed_over}"
+    );
+    let violations = cluster.sim.violations_since(0);
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+/// A peer that takes the first call offered, claims it, and dies before it resumes it (nor answers the
+/// offer). Returns the session id it claimed.
+async fn claim_and_die(nats_url: String) -> tokio::task::JoinHandle<String> {
+    use futures_util::StreamExt as _;
+    use sha2::Digest as _;
+    let client = async_nats::connect(nats_url).await.unwrap();
+    let subject = "voicehost.voicehost.handover";
+    let mut offers = client
+        .queue_subscribe(subject, format!("{subject}.takers"))
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    tokio::spawn(async move {
+        let offer = offers.next().await.expect("a call offered");
+        let offer: Value = serde_json::from_slice(&offer.payload).unwrap();
+        let call = &offer["call"]["call"];
+        let session = call["session_id"].as_str().unwrap().to_string();
+        let mut hash = sha2::Sha256::new();
+        hash.update(session.as_bytes());
+        hash.update([0]);
+        hash.update(call["token"].as_str().unwrap().as_bytes());
+        let name: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let claims = async_nats::jetstream::new(client.clone())
+            .get_key_value("voicehost-claims")
+            .await
+            .unwrap();
+        claims
+            .create(format!("c{name}"), "dead-peer".into())
+            .await
+            .expect("the first claim on the call");
+        // Dies: no resume, no answer.
+        drop(offers);
+        drop(client);
+        session
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_killed_between_its_claim_and_its_resume_leaves_the_call_served_once() {
+    let mut cluster = Cluster::start_hosts("claim-killed", "", 1, &["a"]).await;
+    cluster.upload(0, "conformance", true).await;
+    cluster.all_serve(1).await;
+    let dead_peer = claim_and_die(cluster.nats[0].url()).await;
+    let conn = cluster.sim.usable_connections(AGENT).remove(0);
+    let mut call = conn.start_text();
+    call.expect_say("Hello from the conformance agent.").await.unwrap();
+    call.say("echo before");
+    call.expect_say("before").await.unwrap();
+
+    // A leaves: its only peer claims the call and dies; A takes it back, serves it, and offers it again
+    // once B is there.
+    let leaving = cluster.hosts.remove(0);
+    let stopped = tokio::task::spawn_blocking(move || leaving.stop());
+    let claimed = tokio::time::timeout(Duration::from_secs(20), dead_peer)
+        .await
+        .expect("the dead peer was offered the call")
+        .unwrap();
+    assert_eq!(claimed, call.id);
+    call.say("echo while nobody has it");
+    let b = cluster.host("b");
+    b.healthy().await;
+    cluster.hosts.push(b);
+    cluster
+        .until(0, |status, agent| status == 200 && agent["status"] == "serving")
+        .await;
+    let log = stopped.await.unwrap();
+    assert!(left_count(&log, "taken_back") >= 1, "{log}");
+    assert_eq!(left_count(&log, "handed_over"), 1, "{log}");
+    assert_eq!(left_count(&log, "left_behind"), 0, "{log}");
+    call.expect_say("while nobody has it").await.unwrap();
+    call.say("echo after");
+    call.expect_say("after").await.unwrap();
+    let state = call.state().unwrap();
+    assert!(!state.lost, "{state:?}");
+    // Served once: each line echoed once.
+    let says: Vec<String> = call
+        .accepted_frames()
+        .iter()
+        .filter(|j| j["type"] == "agent.say")
+        .filter_map(|j| j["text"].as_str().map(str::to_string))
+        .collect();
+    for line in ["before", "while nobody has it", "after"] {
+        assert_eq!(says.iter().filter(|s| *s == line).count(), 1, "{says:?}");
+    }
+    let violations = cluster.sim.violations_since(0);
+    assert!(violations.is_empty(), "{violations:?}");
 }

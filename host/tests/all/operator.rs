@@ -20,7 +20,7 @@ const AGENT: &str = "agent_support";
 /// A running `voicehost serve`, its stderr collected line by line.
 pub(crate) struct Served {
     pub(crate) child: Child,
-    log: Arc<Mutex<String>>,
+    pub(crate) log: Arc<Mutex<String>>,
     /// The thread reading the host's stderr into `log`: it ends when the host's stderr does.
     reader: Option<std::thread::JoinHandle<()>>,
     pub(crate) admin: String,
@@ -137,7 +137,8 @@ impl Served {
             }
             self.signal(signal);
         }
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // A host in a cluster first hands its calls over (at most its `leave_seconds`, 30 in the tests).
+        let deadline = Instant::now() + Duration::from_secs(60);
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 break status;

@@ -45,8 +45,9 @@ pub struct ChaosPlan {
     pub line_every: Duration,
     /// One call in this many is an audio call.
     pub audio_one_in: usize,
-    /// The pause between two faults: from the first to the second, at random.
-    pub fault_every: (Duration, Duration),
+    /// The pause between two faults: from the first to the second, at random; `None`: no faults (the
+    /// caller makes its own, a rolling restart of the hosts, say).
+    pub fault_every: Option<(Duration, Duration)>,
     /// The seed of every random choice (which faults, where, when); printed in the report.
     pub seed: u64,
 }
@@ -60,7 +61,7 @@ impl ChaosPlan {
             lines: 80,
             line_every: Duration::from_millis(80),
             audio_one_in: 3,
-            fault_every: (Duration::from_millis(300), Duration::from_millis(1200)),
+            fault_every: Some((Duration::from_millis(300), Duration::from_millis(1200))),
             seed,
         }
     }
@@ -108,6 +109,9 @@ pub struct ChaosReport {
     pub audio_reordered: usize,
     /// Audio messages sent but never echoed (allowed: audio is dropped while a call moves).
     pub audio_lost: usize,
+    /// Each audio call's longest wait between two echoes Sent read (its audio gap: a call moving between
+    /// connections or hosts has one), in the order the calls were placed.
+    pub audio_gaps: Vec<Duration>,
     /// How long it took.
     pub took: Duration,
     /// The plan's seed.
@@ -438,6 +442,22 @@ fn check(
                 }
             }
         }
+        let echoed_at: Vec<Instant> = sim
+            .recorder()
+            .since(0, |r| {
+                r.dir == Dir::FromAgent
+                    && r.session.as_deref() == Some(call.id.as_str())
+                    && matches!(r.what, What::Audio { .. })
+            })
+            .iter()
+            .map(|r| r.at)
+            .collect();
+        let gap = echoed_at
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]))
+            .max()
+            .unwrap_or_default();
+        report.audio_gaps.push(gap);
         let distinct: BTreeSet<u16> = numbers.iter().copied().collect();
         report.audio_duplicated += numbers.len() - distinct.len();
         report.audio_reordered += numbers.windows(2).filter(|w| w[0] > w[1]).count();
@@ -527,7 +547,10 @@ async fn chaos(
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut faults = BTreeMap::new();
     let mut doomed = BTreeSet::new();
-    let (low, high) = plan.fault_every;
+    let Some((low, high)) = plan.fault_every else {
+        done.notified().await;
+        return (faults, doomed);
+    };
     // Only connections that have had time to answer a ping are hit: the host backs off (up to 30 s) from
     // connections that die before that, as the protocol says, and the calls would wait out their windows.
     let heartbeat = Duration::from_millis(sim.config().heartbeat_interval_ms);
