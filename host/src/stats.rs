@@ -214,11 +214,7 @@ impl Stats {
                 before.policies_applied,
                 now.policies_applied,
             ),
-            (
-                &self.calls_handed_over,
-                before.handed_over,
-                now.handed_over,
-            ),
+            (&self.calls_handed_over, before.handed_over, now.handed_over),
             (&self.calls_taken_over, before.adopted, now.adopted),
         ];
         for (counter, was, is) in counted {

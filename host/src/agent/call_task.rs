@@ -480,7 +480,11 @@ impl Task {
 
     /// When the call is to leave: never unless the host leaves.
     fn leave_at(&self) -> Option<Instant> {
-        let leaving = self.agent.leave.as_ref().is_some_and(|leave| *leave.borrow());
+        let leaving = self
+            .agent
+            .leave
+            .as_ref()
+            .is_some_and(|leave| *leave.borrow());
         leaving.then(|| *self.leave_after.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
@@ -518,10 +522,13 @@ impl Task {
         };
         if let Err(unsent) = out(moving) {
             // Nobody takes leaving calls any more: the call stays here, resumed on this host's connection.
-            tracing::warn!(session = self.session_id, "nobody takes leaving calls: the call stays");
+            tracing::warn!(
+                session = self.session_id,
+                "nobody takes leaving calls: the call stays"
+            );
             let (resumed, _) = oneshot::channel();
             self.agent.adopt(super::Arrival {
-                call: unsent,
+                call: *unsent,
                 leave_after: Duration::from_secs(3600),
                 resumed,
             });

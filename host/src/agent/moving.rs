@@ -37,7 +37,7 @@ pub struct Arrival {
 }
 
 /// Takes a call leaving the host; gives it back when nobody takes leaving calls any more.
-pub type LeavingSink = Arc<dyn Fn(MovingCall) -> Result<(), MovingCall> + Send + Sync>;
+pub type LeavingSink = Arc<dyn Fn(MovingCall) -> Result<(), Box<MovingCall>> + Send + Sync>;
 
 /// Where an agent's calls go when the host leaves, and where calls come from.
 pub struct Moves {
@@ -97,7 +97,11 @@ impl Agent {
         let permit = match self.admission.admit_moved(deployment.code.pool_slots()) {
             Ok(permit) => permit,
             Err(refusal) => {
-                tracing::warn!(session = session_id, ?refusal, "a call handed over: no room here");
+                tracing::warn!(
+                    session = session_id,
+                    ?refusal,
+                    "a call handed over: no room here"
+                );
                 let _ = resumed.send(false);
                 return None;
             }
@@ -111,7 +115,11 @@ impl Agent {
         let key = match adopted {
             Ok(key) => key,
             Err(why) => {
-                tracing::warn!(session = session_id, ?why, "a call handed over cannot be taken");
+                tracing::warn!(
+                    session = session_id,
+                    ?why,
+                    "a call handed over cannot be taken"
+                );
                 let _ = resumed.send(false);
                 return None;
             }

@@ -140,7 +140,15 @@ impl NatsStore {
                 chunks,
                 chunk_prefix,
             } = buckets;
-            anyhow::Ok((client, index, components, calls, claims, chunks, chunk_prefix))
+            anyhow::Ok((
+                client,
+                index,
+                components,
+                calls,
+                claims,
+                chunks,
+                chunk_prefix,
+            ))
         });
         let (client, index, components, calls, claims, chunks, chunk_prefix) = match opened {
             Ok(opened) => opened,
@@ -412,7 +420,11 @@ impl NatsStore {
 
     /// Claims call `name` (a digest of its token) for this host, if nobody has (`take`: whoever has).
     pub async fn claim(&self, name: &str, take: bool) -> Result<Claim, StoreError> {
-        let (claims, key, host) = (self.claims.clone(), format!("c{name}"), self.host_id.clone());
+        let (claims, key, host) = (
+            self.claims.clone(),
+            format!("c{name}"),
+            self.host_id.clone(),
+        );
         let runtime = self
             .runtime
             .as_ref()
@@ -420,7 +432,11 @@ impl NatsStore {
         let claimed = runtime.spawn(async move {
             let value = bytes::Bytes::from(host.into_bytes());
             if take {
-                claims.put(&key, value).await.map(|_| Claim::Mine).map_err(unavailable)
+                claims
+                    .put(&key, value)
+                    .await
+                    .map(|_| Claim::Mine)
+                    .map_err(unavailable)
             } else {
                 match claims.create(&key, value).await {
                     Ok(_) => Ok(Claim::Mine),

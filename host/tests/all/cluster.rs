@@ -549,7 +549,9 @@ async fn the_hosts_keep_serving_and_converging_when_one_of_three_nats_servers_di
 /// same host again, waited for until it serves `version`. Returns what the old one logged.
 async fn restart(cluster: &mut Cluster, at: usize, version: u64) -> String {
     let old = cluster.hosts.remove(at);
-    let log = tokio::task::spawn_blocking(move || old.stop()).await.unwrap();
+    let log = tokio::task::spawn_blocking(move || old.stop())
+        .await
+        .unwrap();
     let id = ["a", "b", "c"][at];
     keep_log(&format!("{id}-stopped"), &log);
     let new = cluster.host(id);
@@ -606,7 +608,10 @@ async fn a_rolling_restart_of_every_host_loses_no_call_and_no_frame() {
         assert_eq!(left_count(&log, "left_behind"), 0, "{log}");
         handed_over += left_count(&log, "handed_over");
     }
-    let report = run.await.unwrap().unwrap_or_else(|broken| panic!("{broken}"));
+    let report = run
+        .await
+        .unwrap()
+        .unwrap_or_else(|broken| panic!("{broken}"));
     let mut gaps = report.audio_gaps.clone();
     gaps.sort();
     eprintln!(
@@ -669,7 +674,9 @@ async fn a_peer_killed_between_its_claim_and_its_resume_leaves_the_call_served_o
     let dead_peer = claim_and_die(cluster.nats[0].url()).await;
     let conn = cluster.sim.usable_connections(AGENT).remove(0);
     let mut call = conn.start_text();
-    call.expect_say("Hello from the conformance agent.").await.unwrap();
+    call.expect_say("Hello from the conformance agent.")
+        .await
+        .unwrap();
     call.say("echo before");
     call.expect_say("before").await.unwrap();
 
@@ -687,7 +694,9 @@ async fn a_peer_killed_between_its_claim_and_its_resume_leaves_the_call_served_o
     b.healthy().await;
     cluster.hosts.push(b);
     cluster
-        .until(0, |status, agent| status == 200 && agent["status"] == "serving")
+        .until(0, |status, agent| {
+            status == 200 && agent["status"] == "serving"
+        })
         .await;
     let log = stopped.await.unwrap();
     assert!(left_count(&log, "taken_back") >= 1, "{log}");

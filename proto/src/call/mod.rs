@@ -982,9 +982,9 @@ impl Call {
         let event = self.events.pop_front()?;
         match &event {
             GuestEvent::Audio(samples) => self.audio_queued -= audio_cost(samples),
-            GuestEvent::UserSaid { .. } | GuestEvent::Unknown { .. } | GuestEvent::ToolResult(_) => {
-                self.unqueue_frame(event_bytes(&event))
-            }
+            GuestEvent::UserSaid { .. }
+            | GuestEvent::Unknown { .. }
+            | GuestEvent::ToolResult(_) => self.unqueue_frame(event_bytes(&event)),
             GuestEvent::End { .. } | GuestEvent::Lost => self.guest = Guest::Gone,
             GuestEvent::Start | GuestEvent::Moved => {}
         }

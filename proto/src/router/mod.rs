@@ -585,11 +585,7 @@ impl Router {
     /// A call another host handed over ([`Call::adopted`]): carried to a connection with a
     /// `session.resume` as soon as one can take it; its guest's task is the shell's to start (with the key
     /// returned). A call this router handed over itself may come back.
-    pub fn adopt(
-        &mut self,
-        now: Instant,
-        handover: Handover,
-    ) -> Result<CallKey, Unadoptable> {
+    pub fn adopt(&mut self, now: Instant, handover: Handover) -> Result<CallKey, Unadoptable> {
         self.now = self.now.max(now);
         if self.stopped || self.sessions.contains_key(&handover.session_id) {
             return Err(Unadoptable::Duplicate);
@@ -608,7 +604,10 @@ impl Router {
         self.next_key += 1;
         self.recent_ids.remove(call.session_id());
         self.fx.stats.adopted += 1;
-        tracing::info!(session = call.session_id(), "call adopted from another host");
+        tracing::info!(
+            session = call.session_id(),
+            "call adopted from another host"
+        );
         let place = call.place();
         let deadline = call.deadline();
         self.sessions.insert(call.session_id().to_string(), key);

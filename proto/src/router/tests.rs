@@ -651,7 +651,10 @@ fn a_call_handed_over_resumes_on_the_next_host_and_replays_what_sent_did_not_rea
     assert!(a
         .outputs()
         .contains(&Output::Call(call::Output::Retract { conn: 1, key })));
-    assert!(a.router.call("vs_a").is_none(), "forgotten by the host it left");
+    assert!(
+        a.router.call("vs_a").is_none(),
+        "forgotten by the host it left"
+    );
     // Sent's frames for it on the old host reach nobody there.
     a.frame(1, said("vs_a", "for the next host"));
     assert_eq!(a.router.calls(), 0);
@@ -672,7 +675,10 @@ fn a_call_handed_over_resumes_on_the_next_host_and_replays_what_sent_did_not_rea
         .collect();
     assert_eq!(resume.len(), 1, "{resume:?}");
     assert_eq!(resume[0].0, 1);
-    assert!(resume[0].1.contains(r#""type":"session.resume""#) && resume[0].1.contains(r#""received":1"#));
+    assert!(
+        resume[0].1.contains(r#""type":"session.resume""#)
+            && resume[0].1.contains(r#""received":1"#)
+    );
     assert!(matches!(b.place("vs_a"), Place::Moving { conn: 1, .. }));
 
     // Sent read "one" of the three: "two" and "three" go again, once.
@@ -728,13 +734,19 @@ fn a_call_handed_over_before_its_guest_started_starts_on_the_next_host() {
 #[test]
 fn a_call_without_a_token_or_ending_stays_where_it_is() {
     let mut a = other_host();
-    a.frame(1, Frame::SessionStart(call::fixtures::session_start("vs_a", None, None, 0)));
+    a.frame(
+        1,
+        Frame::SessionStart(call::fixtures::session_start("vs_a", None, None, 0)),
+    );
     let key = a.router.call("vs_a").unwrap().key();
     assert_eq!(a.router.hand_over(a.now, key), Err(Unmovable::NoToken));
     a.frame(1, start("vs_b", None));
     a.frame(1, end("vs_b"));
     let key = a.router.call("vs_b").unwrap().key();
-    assert!(a.router.hand_over(a.now, key).is_err(), "its end waits for the guest");
+    assert!(
+        a.router.hand_over(a.now, key).is_err(),
+        "its end waits for the guest"
+    );
     assert!(a.router.call("vs_b").is_some());
 }
 
@@ -756,7 +768,10 @@ fn a_handover_holding_more_than_a_call_may_is_refused() {
     let key = a.router.call("vs_a").unwrap().key();
     let handover = a.router.hand_over(a.now, key).unwrap();
     let mut json: serde_json::Value = serde_json::to_value(&handover).unwrap();
-    json["kept"] = serde_json::Value::Array(vec![serde_json::json!(["{}", null]); wire::RETAINED_FRAMES + 1]);
+    json["kept"] = serde_json::Value::Array(vec![
+        serde_json::json!(["{}", null]);
+        wire::RETAINED_FRAMES + 1
+    ]);
     let tampered: Handover = serde_json::from_value(json).unwrap();
     let mut b = other_host();
     assert_eq!(b.router.adopt(b.now, tampered), Err(Unadoptable::Invalid));

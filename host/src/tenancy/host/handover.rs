@@ -80,10 +80,7 @@ fn claim_name(call: &MovingCall) -> String {
     hash.update(call.call.session_id.as_bytes());
     hash.update([0]);
     hash.update(call.call.token().as_bytes());
-    hash.finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Tenancy {
@@ -96,11 +93,8 @@ impl Tenancy {
     ) -> Option<(Moves, mpsc::Sender<Arrival>)> {
         self.shared.as_ref()?;
         let (arrive, arrivals) = mpsc::channel(ARRIVALS_QUEUED);
-        let (leavers, tenant, agent) = (
-            self.leavers.clone(),
-            tenant.to_string(),
-            agent.to_string(),
-        );
+        let (leavers, tenant, agent) =
+            (self.leavers.clone(), tenant.to_string(), agent.to_string());
         let out = Arc::new(move |call: MovingCall| {
             leavers
                 .send(Leaving {
@@ -108,7 +102,7 @@ impl Tenancy {
                     agent: agent.clone(),
                     call,
                 })
-                .map_err(|unsent| unsent.0.call)
+                .map_err(|unsent| Box::new(unsent.0.call))
         });
         let moves = Moves {
             leave: self.leaving.subscribe(),
@@ -184,8 +178,8 @@ impl Tenancy {
     }
 
     async fn consider(&self, store: &NatsStore, payload: &[u8]) -> Result<(), String> {
-        let offer: Offer =
-            serde_json::from_slice(payload).map_err(|e| format!("the offer does not parse: {e}"))?;
+        let offer: Offer = serde_json::from_slice(payload)
+            .map_err(|e| format!("the offer does not parse: {e}"))?;
         if *self.leaving.borrow() {
             return Err("this host is leaving".into());
         }
@@ -198,7 +192,10 @@ impl Tenancy {
                 ..
             }) = running.get(&(offer.tenant.clone(), offer.agent.clone()))
             else {
-                return Err(format!("{}/{} is not served here", offer.tenant, offer.agent));
+                return Err(format!(
+                    "{}/{} is not served here",
+                    offer.tenant, offer.agent
+                ));
             };
             let version = deployment.borrow().version;
             let same_code = offer.digest.as_deref().is_none_or(|d| d == digest.hex());
@@ -338,7 +335,13 @@ impl Tenancy {
         // Nobody took it: it is this host's again (a peer that claimed it and died before resuming it
         // never will).
         counts.taken_back.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(session, tenant, agent, why, "cluster: no host took the call: taking it back");
+        tracing::info!(
+            session,
+            tenant,
+            agent,
+            why,
+            "cluster: no host took the call: taking it back"
+        );
         let call = offer.call;
         if let Err(error) = store.claim(&claim_name(&call), true).await {
             tracing::warn!(session, %error, "cluster: cannot claim back a call; resuming it anyway");
@@ -364,9 +367,6 @@ impl Tenancy {
 
     /// Live calls on this host, all agents together.
     fn live_calls(&self) -> usize {
-        self.running()
-            .values()
-            .map(|r| r.stats.live_count())
-            .sum()
+        self.running().values().map(|r| r.stats.live_count()).sum()
     }
 }
