@@ -165,7 +165,9 @@ pub struct Stats {
     pub sessions_host_full: Counter,
     /// Handler latency by handler, in the order of [`HANDLERS`].
     pub handlers: HandlerLatency,
-    live: Mutex<BTreeMap<String, LiveSession>>,
+    /// By session id and the call's key in its agent's router: a call that left and came back (a
+    /// handover taken back) is another call of the same session, listed before the first is gone.
+    live: Mutex<BTreeMap<(String, u64), LiveSession>>,
 }
 
 impl Stats {
@@ -246,20 +248,24 @@ impl Stats {
         self.handlers.0[event.handler()].observe(took.as_secs_f64());
     }
 
-    /// A call starts being served.
-    pub fn live_start(&self, session_id: &str, live: LiveSession) {
-        self.live_calls().insert(session_id.to_string(), live);
+    /// A call starts being served (`key`: its key in the agent's router).
+    pub fn live_start(&self, session_id: &str, key: u64, live: LiveSession) {
+        self.live_calls()
+            .insert((session_id.to_string(), key), live);
     }
 
     /// The call is no longer served.
-    pub fn live_end(&self, session_id: &str) {
-        self.live_calls().remove(session_id);
+    pub fn live_end(&self, session_id: &str, key: u64) {
+        self.live_calls().remove(&(session_id.to_string(), key));
     }
 
     /// Replaces the instance of the live call `session_id` as if it had trapped ([`ForceTrap`]).
     pub fn force_trap(&self, session_id: &str) -> Forced {
-        match self.live_calls().get(session_id) {
-            Some(live) => live.force_trap.fire(),
+        let calls = self.live_calls();
+        let mut of_session =
+            calls.range((session_id.to_string(), 0)..=(session_id.to_string(), u64::MAX));
+        match of_session.next_back() {
+            Some((_, live)) => live.force_trap.fire(),
             None => Forced::NoInstance,
         }
     }
@@ -274,7 +280,7 @@ impl Stats {
         self.live_calls().len()
     }
 
-    fn live_calls(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, LiveSession>> {
+    fn live_calls(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u64), LiveSession>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -4,7 +4,7 @@
 //! agent's lock; what the protocol allows is decided there, not here.
 
 use super::admission::{Permit, Refusal};
-use super::moving::{start_without_token, MovingCall};
+use super::moving::{start_without_token, Arrival, Departure, Kept, MovingCall};
 use super::{Agent, Deployment, FailurePolicy};
 use crate::sandbox::limits;
 use crate::sandbox::wit::{self, CallInfo, Direction, Level, Party};
@@ -149,7 +149,7 @@ const LEAVE_AGAIN_AFTER: Duration = Duration::from_millis(500);
 
 /// What one saved entry costs against the call's state bound: its key and value, and what the map keeps
 /// for every entry (so that many tiny keys cannot cost the host more than the bound says).
-fn saved_bytes(key: &str, value: &[u8]) -> usize {
+pub(super) fn saved_bytes(key: &str, value: &[u8]) -> usize {
     const PER_ENTRY: usize = 64;
     PER_ENTRY + key.len() + value.len()
 }
@@ -298,18 +298,59 @@ impl Drop for GoneOnDrop {
     }
 }
 
-/// A call being served: listed live, holding its room under its caps, until dropped.
-struct Serving {
-    _gone: GoneOnDrop,
+/// A call listed live, until dropped.
+struct Listed {
     stats: Arc<Stats>,
     session_id: String,
-    _permit: Permit,
+    key: CallKey,
 }
 
-impl Drop for Serving {
+impl Drop for Listed {
     fn drop(&mut self) {
-        self.stats.live_end(&self.session_id);
+        self.stats.live_end(&self.session_id, self.key.0);
     }
+}
+
+/// Starts call `key`'s task. An admitted call is listed live at once, before its task first runs: a
+/// leaving host that takes a call back counts it from the moment it is taken.
+pub(super) fn spawn(
+    agent: &Arc<Agent>,
+    key: CallKey,
+    start: Box<SessionStart>,
+    waker: Arc<Notify>,
+    deployment: Arc<Deployment>,
+    permit: Result<Permit, Refusal>,
+    taken: Taken,
+) {
+    let force_trap = ForceTrap::new(waker.clone());
+    let info = info_of(&start, Media::of(&start));
+    let admitted = permit.map(|permit| {
+        agent.stats.live_start(
+            &start.session_id,
+            key.0,
+            LiveSession {
+                info: info.clone(),
+                version: deployment.version,
+                force_trap: force_trap.clone(),
+            },
+        );
+        let listed = Listed {
+            stats: agent.stats.clone(),
+            session_id: start.session_id.clone(),
+            key,
+        };
+        (permit, listed)
+    });
+    crate::sandbox::spawn_call(run(
+        agent.clone(),
+        key,
+        start,
+        info,
+        (waker, force_trap),
+        deployment,
+        admitted,
+        taken,
+    ));
 }
 
 /// Says and counts why a call was not admitted.
@@ -332,62 +373,50 @@ fn refused(stats: &Stats, session: &str, refusal: Refusal) {
 
 /// Serves one call until it ends or is lost. A call refused admission (over a session cap, or no pool
 /// slot for its tenant) gets the failure policy at once, without a guest.
-pub(super) async fn run(
+#[allow(clippy::too_many_arguments)]
+async fn run(
     agent: Arc<Agent>,
     key: CallKey,
     start: Box<SessionStart>,
-    waker: Arc<Notify>,
+    info: CallInfo,
+    (waker, force_trap): (Arc<Notify>, ForceTrap),
     deployment: Arc<Deployment>,
-    permit: Result<Permit, Refusal>,
+    admitted: Result<(Permit, Listed), Refusal>,
     taken: Taken,
 ) {
-    let info = info_of(&start, Media::of(&start));
+    // Forgotten by the router however the task ends.
+    let _gone = GoneOnDrop {
+        agent: agent.clone(),
+        key,
+    };
     let session_id = start.session_id.clone();
     let stats = agent.stats.clone();
     let saved = Arc::new(Mutex::new(taken.saved));
+    let (permit, listed, refusal) = match admitted {
+        Ok((permit, listed)) => (Some(permit), Some(listed), None),
+        Err(refusal) => (None, None, Some(refusal)),
+    };
     let task = Task {
         agent: agent.clone(),
         key,
-        force_trap: ForceTrap::new(waker.clone()),
+        force_trap,
         waker,
         session_id: session_id.clone(),
         rules: deployment.rules.clone(),
         start,
         saved: saved.clone(),
-        version: deployment.version,
+        deployment: deployment.clone(),
+        permit: Mutex::new(permit),
         leave_after: Mutex::new(taken.leave_after),
     };
-    let permit = match permit {
-        Ok(permit) => permit,
-        Err(refusal) => {
-            refused(&stats, &session_id, refusal);
-            // Never listed live: it holds no room under the caps, and no instance.
-            let _gone = GoneOnDrop {
-                agent: agent.clone(),
-                key,
-            };
-            task.give_up().await;
-            return;
-        }
-    };
-    stats.live_start(
-        &session_id,
-        LiveSession {
-            info: info.clone(),
-            version: deployment.version,
-            force_trap: task.force_trap.clone(),
-        },
-    );
-    // Off the live list, out of its caps, and forgotten by the router however the task ends.
-    let _serving = Serving {
-        _gone: GoneOnDrop {
-            agent: agent.clone(),
-            key,
-        },
-        stats: stats.clone(),
-        session_id: session_id.clone(),
-        _permit: permit,
-    };
+    if let Some(refusal) = refusal {
+        refused(&stats, &session_id, refusal);
+        // Never listed live: it holds no room under the caps, and no instance.
+        task.give_up().await;
+        return;
+    }
+    // Off the live list (and, with the task's permit, out of its caps) however the task ends.
+    let _listed = listed;
     let imports: Arc<dyn GuestImports> = Arc::new(CallImports {
         agent,
         key,
@@ -421,7 +450,11 @@ struct Task {
     /// Sent's `session.start`, for a handover.
     start: Box<SessionStart>,
     saved: Arc<Mutex<Saved>>,
-    version: u32,
+    /// The version the call runs: a call taken back after no other host took it runs on it still.
+    deployment: Arc<Deployment>,
+    /// Its room under the caps and in the pool: handed out with the call while it is offered, so that
+    /// the call finds its room again if it comes back.
+    permit: Mutex<Option<Permit>>,
     /// When the host leaves, the call leaves at its first handler boundary from then.
     leave_after: Mutex<Instant>,
 }
@@ -514,21 +547,29 @@ impl Task {
                 return false;
             }
         };
-        let moving = MovingCall {
-            call,
-            start: start_without_token(&self.start),
-            saved,
-            version: self.version,
+        let departure = Departure {
+            call: MovingCall {
+                call,
+                start: start_without_token(&self.start),
+                saved,
+                version: self.deployment.version,
+            },
+            kept: Kept {
+                permit: self.permit.lock().unwrap_or_else(|p| p.into_inner()).take(),
+                deployment: self.deployment.clone(),
+            },
         };
-        if let Err(unsent) = out(moving) {
+        if let Err(unsent) = out(departure) {
             // Nobody takes leaving calls any more: the call stays here, resumed on this host's connection.
             tracing::warn!(
                 session = self.session_id,
                 "nobody takes leaving calls: the call stays"
             );
+            let unsent = *unsent;
             let (resumed, _) = oneshot::channel();
-            self.agent.adopt(super::Arrival {
-                call: *unsent,
+            self.agent.adopt(Arrival {
+                call: unsent.call,
+                kept: Some(unsent.kept),
                 leave_after: Duration::from_secs(3600),
                 resumed,
             });

@@ -16,7 +16,7 @@ mod moving;
 pub use admission::{Admission, Gate, Refusal};
 pub use call_task::CallRules;
 pub use connection::{ApiKey, ConnectError, Dial, SENT_URL};
-pub use moving::{Arrival, Moves, MovingCall};
+pub use moving::{Arrival, Departure, Kept, Moves, MovingCall};
 pub use voicehost_proto::call::FailurePolicy;
 
 use crate::sandbox::AgentCode;
@@ -173,6 +173,14 @@ pub async fn serve(
                     break Ok(());
                 }
             }
+            // Before the timers, which every frame from Sent wakes: a busy agent still takes its calls.
+            Some(arrival) = next_arrival(&mut arrivals) => {
+                resuming.extend(agent.adopt(arrival));
+            }
+            () = left(&mut leave) => {
+                // Every call's task looks at once: those between handlers leave now.
+                agent.lock().wakers.values().for_each(|waker| waker.notify_one());
+            }
             () = agent.timers.notified() => {
                 // The router panicked in a connection's task: its state is not to be trusted.
                 assert!(
@@ -184,13 +192,6 @@ pub async fn serve(
             Ok(()) = deployments.changed() => {
                 let rules = deployments.borrow().rules.clone();
                 agent.with(|shared| shared.router.set_rules(rules.call, rules.policy));
-            }
-            Some(arrival) = next_arrival(&mut arrivals) => {
-                resuming.extend(agent.adopt(arrival));
-            }
-            () = left(&mut leave) => {
-                // Every call's task looks at once: those between handlers leave now.
-                agent.lock().wakers.values().for_each(|waker| waker.notify_one());
             }
         }
         // Whatever woke the loop, what is due is done now. The connections' events are handled in their
@@ -460,15 +461,15 @@ impl Agent {
                         admitted = permit.is_ok(),
                         "serving a call"
                     );
-                    crate::sandbox::spawn_call(call_task::run(
-                        self.clone(),
+                    call_task::spawn(
+                        self,
                         key,
                         start,
                         waker,
                         deployment,
                         permit,
                         call_task::Taken::nothing(),
-                    ));
+                    );
                 }
             }
         }

@@ -4,7 +4,8 @@
 //! is the tenancy's (`tenancy::handover`); this module only takes a call out at a handler boundary and
 //! puts one in.
 
-use super::{call_task, Agent};
+use super::admission::Permit;
+use super::{call_task, Agent, Deployment};
 use sentdm_voice_agents::frames::SessionStart;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -25,10 +26,27 @@ pub struct MovingCall {
     pub version: u32,
 }
 
+/// A call leaving this host: what travels, and what stays here while it is offered.
+pub struct Departure {
+    /// What travels to the next host.
+    pub call: MovingCall,
+    /// What this host keeps for the call, should it come back.
+    pub kept: Kept,
+}
+
+/// What a leaving host keeps for a call while it offers it: its room here (under the caps and in the
+/// pool, so that it finds it again if no other host takes it), and the version it runs.
+pub struct Kept {
+    pub(super) permit: Option<Permit>,
+    pub(super) deployment: Arc<Deployment>,
+}
+
 /// A call handed to this agent.
 pub struct Arrival {
     /// The call.
     pub call: MovingCall,
+    /// What this host kept for it, when it is one of its own coming back.
+    pub kept: Option<Kept>,
     /// How long before the call may leave again, if this host is leaving itself (a call it took back
     /// after no peer took it).
     pub leave_after: Duration,
@@ -37,7 +55,7 @@ pub struct Arrival {
 }
 
 /// Takes a call leaving the host; gives it back when nobody takes leaving calls any more.
-pub type LeavingSink = Arc<dyn Fn(MovingCall) -> Result<(), Box<MovingCall>> + Send + Sync>;
+pub type LeavingSink = Arc<dyn Fn(Departure) -> Result<(), Box<Departure>> + Send + Sync>;
 
 /// Where an agent's calls go when the host leaves, and where calls come from.
 pub struct Moves {
@@ -89,12 +107,38 @@ impl Agent {
     pub(super) fn adopt(self: &Arc<Agent>, arrival: Arrival) -> Option<Resuming> {
         let Arrival {
             call: moving,
+            kept,
             leave_after,
             resumed,
         } = arrival;
         let session_id = moving.call.session_id.clone();
-        let deployment = self.deployment.borrow().clone();
-        let permit = match self.admission.admit_moved(deployment.code.pool_slots()) {
+        // One of this host's own comes back to its version and its room; another's gets the version
+        // served here (the offer was checked to be the same) and a pool slot.
+        let (deployment, permit) = match kept {
+            Some(Kept {
+                deployment,
+                permit: Some(permit),
+            }) => (deployment, Ok(permit)),
+            Some(Kept { deployment, .. }) => {
+                let permit = self.admission.admit_moved(deployment.code.pool_slots());
+                (deployment, permit)
+            }
+            None => {
+                let deployment = self.deployment.borrow().clone();
+                let permit = self.admission.admit_moved(deployment.code.pool_slots());
+                (deployment, permit)
+            }
+        };
+        if let Err(why) = check(&moving, &deployment) {
+            tracing::warn!(
+                session = session_id,
+                why,
+                "a call handed over cannot be taken"
+            );
+            let _ = resumed.send(false);
+            return None;
+        }
+        let permit = match permit {
             Ok(permit) => permit,
             Err(refusal) => {
                 tracing::warn!(
@@ -130,8 +174,8 @@ impl Agent {
             from_version = moving.version,
             "taking a call handed over"
         );
-        crate::sandbox::spawn_call(call_task::run(
-            self.clone(),
+        call_task::spawn(
+            self,
             key,
             Box::new(moving.start),
             waker,
@@ -141,7 +185,7 @@ impl Agent {
                 saved: moving.saved.into_iter().collect(),
                 leave_after: Instant::now() + leave_after,
             },
-        ));
+        );
         self.timers.notify_one();
         Some(Resuming {
             key,
@@ -160,4 +204,24 @@ impl Resuming {
     pub(super) fn key(&self) -> CallKey {
         self.key
     }
+}
+
+/// Whether a call handed over fits what this host serves: its session is the one its start names, its
+/// media what the start says, its saved state within the version's bound.
+fn check(moving: &MovingCall, deployment: &Deployment) -> Result<(), &'static str> {
+    if moving.start.session_id != moving.call.session_id {
+        return Err("its session.start is another session's");
+    }
+    if voicehost_proto::call::Media::of(&moving.start) != moving.call.media() {
+        return Err("its media is not what its session.start says");
+    }
+    let saved: usize = moving
+        .saved
+        .iter()
+        .map(|(k, v)| call_task::saved_bytes(k, v))
+        .fold(0, usize::saturating_add);
+    if saved > deployment.rules.state_bytes {
+        return Err("its saved state is over the agent's bound");
+    }
+    Ok(())
 }

@@ -324,6 +324,17 @@ impl Drop for Offers {
     }
 }
 
+/// Why a call offered got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum OfferError {
+    /// The call's state is larger than NATS carries in one message (its `max_payload`): it never will.
+    #[error("the call's state ({0} bytes) is larger than NATS carries in one message")]
+    TooLarge(usize),
+    /// No host answered: none listens, none answered in time, or NATS cannot be reached.
+    #[error("{0}")]
+    Unanswered(String),
+}
+
 /// Whose a claim on a handed-over call's token is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
@@ -373,12 +384,9 @@ impl NatsStore {
 
     /// Offers a call to the hosts taking calls: the answer of the one that took the offer, or why none
     /// came (nobody listens, none answered in [`OFFER_TIMEOUT`], NATS is not reachable).
-    pub async fn offer(&self, payload: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+    pub async fn offer(&self, payload: Vec<u8>) -> Result<Vec<u8>, OfferError> {
         if payload.len() > self.client.server_info().max_payload {
-            return Err(StoreError::Unavailable(format!(
-                "the call's state ({} bytes) is larger than NATS carries in one message",
-                payload.len()
-            )));
+            return Err(OfferError::TooLarge(payload.len()));
         }
         let (client, subject) = (self.client.clone(), self.offers_subject.clone());
         let runtime = self
@@ -388,13 +396,14 @@ impl NatsStore {
         let asked = runtime.spawn(async move {
             tokio::time::timeout(OFFER_TIMEOUT, client.request(subject, payload.into())).await
         });
-        match asked.await.map_err(unavailable)? {
-            Ok(Ok(answer)) => Ok(answer.payload.to_vec()),
-            Ok(Err(error)) => Err(unavailable(error)),
-            Err(_) => Err(StoreError::Unavailable(format!(
+        match asked.await {
+            Ok(Ok(Ok(answer))) => Ok(answer.payload.to_vec()),
+            Ok(Ok(Err(error))) => Err(OfferError::Unanswered(error.to_string())),
+            Ok(Err(_)) => Err(OfferError::Unanswered(format!(
                 "no host answered in {} s",
                 OFFER_TIMEOUT.as_secs()
             ))),
+            Err(error) => Err(OfferError::Unanswered(error.to_string())),
         }
     }
 

@@ -84,6 +84,9 @@ struct Running {
     agent_gate: Arc<Gate>,
     /// In a cluster: where calls other hosts hand over go.
     arrive: Option<tokio::sync::mpsc::Sender<crate::agent::Arrival>>,
+    /// The component of each version this agent has served since it was connected: a call leaving on
+    /// rolling restart is offered with its own version's, which only the same code takes.
+    digests: BTreeMap<u32, Digest>,
 }
 
 // One type for the tenancy and the admin API: `api/views.rs` serialises it as it is, and its doc comments
@@ -1457,12 +1460,14 @@ impl Tenancy {
         deployment: Deployment,
     ) {
         let deployment = Arc::new(deployment);
+        let version = deployment.version;
         let mut running = self.running();
         if let Some(current) = running.get_mut(&key(tenant, agent)) {
             if !current.task.is_finished() {
                 if current.deployment.borrow().version != deployment.version {
                     warn_if_deprecated(tenant, agent, deployment.version, &deployment.code);
                 }
+                current.digests.insert(deployment.version, digest.clone());
                 current.digest = digest;
                 current.deployment.send_replace(deployment);
                 return;
@@ -1506,13 +1511,14 @@ impl Tenancy {
             key(tenant, agent),
             Running {
                 deployment: deployments,
-                digest,
+                digest: digest.clone(),
                 stop,
                 stats,
                 task,
                 refused,
                 agent_gate,
                 arrive,
+                digests: BTreeMap::from([(version, digest)]),
             },
         );
     }

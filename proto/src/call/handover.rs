@@ -12,7 +12,7 @@ use super::{
     window_of, Call, CallKey, CallLimits, Effects, FailurePolicy, Guest, GuestEvent, Kept, Media,
     Output, Owner, State, ToolAnswer, MAX_LATE_ANSWERS,
 };
-use crate::wire::RETAINED_FRAMES;
+use crate::wire::{MAX_ID_CHARS, MAX_MESSAGE_BYTES, RETAINED_FRAMES};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::fmt;
@@ -85,6 +85,33 @@ pub enum Unmovable {
     GivenUp,
     /// Its end is queued for the guest.
     Ending,
+}
+
+/// The largest count a handover may carry (Sent's and ours, tool calls): far past any call's, and far
+/// from where adding to it could overflow.
+const MAX_COUNT: u64 = 1 << 48;
+
+/// Whether `text` is one of a call's own counted frames, of session `id`: an `agent.say`, an
+/// `agent.clear` or a `tool.call` numbered `t<tool>` within the `issued` ones. A handover's kept frames
+/// are sent to Sent as they are: nothing else may be among them.
+fn own_frame(text: &str, id: &str, tool: Option<u64>, issued: u64) -> bool {
+    if text.len() > MAX_MESSAGE_BYTES {
+        return false;
+    }
+    let Ok(serde_json::Value::Object(frame)) = serde_json::from_str(text) else {
+        return false;
+    };
+    if frame.get("session_id").and_then(|v| v.as_str()) != Some(id) {
+        return false;
+    }
+    match (frame.get("type").and_then(|v| v.as_str()), tool) {
+        (Some("agent.say" | "agent.clear"), None) => true,
+        (Some("tool.call"), Some(n)) => {
+            n <= issued
+                && frame.get("call_ref").and_then(|v| v.as_str()) == Some(&super::call_ref(n))
+        }
+        _ => false,
+    }
 }
 
 /// Why a handover cannot be adopted.
@@ -198,11 +225,22 @@ impl Call {
         policy: FailurePolicy,
         now: Instant,
     ) -> Result<Call, Unadoptable> {
+        let issued = handover.tools_issued;
         if handover.kept.len() > RETAINED_FRAMES
             || handover.late.len() > MAX_LATE_ANSWERS
             || handover.events.len() > limits.frame_backlog
             || handover.token.is_empty()
-            || handover.tools_issued > u64::MAX / 2
+            || handover.token.len() > MAX_MESSAGE_BYTES
+            || handover.session_id.is_empty()
+            || handover.session_id.chars().count() > MAX_ID_CHARS
+            || [handover.before, handover.received, issued]
+                .iter()
+                .any(|n| *n > MAX_COUNT)
+            || handover.late.iter().any(|n| *n == 0 || *n > issued)
+            || !handover
+                .kept
+                .iter()
+                .all(|(text, tool)| own_frame(text, &handover.session_id, *tool, issued))
         {
             return Err(Unadoptable::Invalid);
         }

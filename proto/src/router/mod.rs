@@ -39,6 +39,11 @@ pub const RECENT_FOR: Duration = Duration::from_secs(600);
 /// How long an extra connection (or a drained one Sent keeps open) may sit empty before it is closed.
 pub const IDLE_RETIRE: Duration = Duration::from_secs(10);
 
+/// How long a connection stays open, empty or not, after a call on it was handed over to another host:
+/// Sent carries the call on it until the other host's resume (or this host's own, if none took it)
+/// reaches it, and a close with 1000 meanwhile would send the call to its fallback.
+pub const HANDED_OVER_HOLD: Duration = Duration::from_secs(30);
+
 /// How long a connection that refused a resume with `connection_full` takes no resume, unless one of its
 /// calls leaves sooner (Sent's count of its sessions may be one the router cannot see).
 pub const FULL_FOR: Duration = Duration::from_secs(5);
@@ -151,6 +156,8 @@ struct Conn {
     /// their resume elsewhere, so it must not be closed under them.
     attached: BTreeSet<CallKey>,
     empty_since: Option<Instant>,
+    /// Not retired before this: a call on it was handed over to another host ([`HANDED_OVER_HOLD`]).
+    held_until: Option<Instant>,
 }
 
 impl Conn {
@@ -270,9 +277,11 @@ impl Router {
         let idle = open
             .clone()
             .filter(|c| c.extra || c.draining)
-            .filter_map(|c| c.empty_since)
-            .min()
-            .map(|since| since + IDLE_RETIRE);
+            .filter_map(|c| {
+                let idle = c.empty_since? + IDLE_RETIRE;
+                Some(c.held_until.map_or(idle, |held| idle.max(held)))
+            })
+            .min();
         let dead = open.clone().map(Conn::dead_at).min();
         // A full connection takes resumes again after a while: the homeless look again then.
         let unfull = open
@@ -351,6 +360,7 @@ impl Router {
                 streams: HashMap::new(),
                 attached: BTreeSet::new(),
                 empty_since: Some(now),
+                held_until: None,
             },
         );
         self.place(now);
@@ -575,9 +585,13 @@ impl Router {
     /// afterwards, and it is forgotten (its session id remembered, so that its frames here are ignored).
     pub fn hand_over(&mut self, now: Instant, key: CallKey) -> Result<Handover, Unmovable> {
         self.now = self.now.max(now);
+        let conn = self.conn_of(key);
         let handover = self
             .with_call(key, |call, fx| call.hand_over(fx))
             .unwrap_or(Err(Unmovable::NotLive))?;
+        if let Some(c) = conn.and_then(|conn| self.conns.get_mut(&conn)) {
+            c.held_until = Some(now + HANDED_OVER_HOLD);
+        }
         tracing::info!(session = handover.session_id, "call handed over");
         Ok(handover)
     }
@@ -938,7 +952,8 @@ impl Router {
         for (id, c) in &mut self.conns {
             let idle = c
                 .empty_since
-                .is_some_and(|since| now.duration_since(since) >= IDLE_RETIRE);
+                .is_some_and(|since| now.duration_since(since) >= IDLE_RETIRE)
+                && c.held_until.is_none_or(|held| held <= now);
             if !idle || c.closing {
                 continue;
             }

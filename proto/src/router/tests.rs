@@ -777,3 +777,64 @@ fn a_handover_holding_more_than_a_call_may_is_refused() {
     assert_eq!(b.router.adopt(b.now, tampered), Err(Unadoptable::Invalid));
     assert_eq!(b.router.calls(), 0);
 }
+
+#[test]
+fn a_handover_whose_kept_frames_are_not_the_calls_own_is_refused() {
+    let mut a = other_host();
+    a.frame(1, start("vs_a", None));
+    guest_says(&mut a, "vs_a", "one");
+    let key = a.router.call("vs_a").unwrap().key();
+    let handover = a.router.hand_over(a.now, key).unwrap();
+    let json = serde_json::to_value(&handover).unwrap();
+    let forged = [
+        // Another session's frame.
+        serde_json::json!([
+            r#"{"type":"agent.say","session_id":"vs_b","text":"hi"}"#,
+            null
+        ]),
+        // A transfer the call never issued.
+        serde_json::json!([
+            r#"{"type":"tool.call","session_id":"vs_a","call_ref":"t9","name":"transfer"}"#,
+            9
+        ]),
+        // Not a frame.
+        serde_json::json!(["not json", null]),
+    ];
+    let mut b = other_host();
+    for kept in forged {
+        let mut tampered = json.clone();
+        tampered["kept"] = serde_json::Value::Array(vec![kept]);
+        let tampered: Handover = serde_json::from_value(tampered).unwrap();
+        assert_eq!(b.router.adopt(b.now, tampered), Err(Unadoptable::Invalid));
+    }
+    let mut huge = json.clone();
+    huge["before"] = serde_json::json!(u64::MAX);
+    let huge: Handover = serde_json::from_value(huge).unwrap();
+    assert_eq!(b.router.adopt(b.now, huge), Err(Unadoptable::Invalid));
+    assert_eq!(b.router.calls(), 0);
+    // The call's own frames are taken.
+    b.router.adopt(b.now, handover).unwrap();
+}
+
+#[test]
+fn a_connection_a_call_was_handed_over_from_is_not_retired_under_it() {
+    // A drained connection (Sent keeps it open), empty once its call is handed over.
+    let mut a = other_host();
+    a.frame(1, Frame::ConnectionDraining(ConnectionDraining {}));
+    a.frame(1, start("vs_a", None));
+    let key = a.router.call("vs_a").unwrap().key();
+    a.router.hand_over(a.now, key).unwrap();
+    a.outputs();
+    a.later(IDLE_RETIRE + Duration::from_secs(1));
+    let closed = |t: &mut Test| {
+        t.outputs()
+            .into_iter()
+            .any(|o| matches!(o, Output::Close { conn: 1, .. }))
+    };
+    assert!(
+        !closed(&mut a),
+        "held while Sent may still carry the call there"
+    );
+    a.later(HANDED_OVER_HOLD);
+    assert!(closed(&mut a), "retired once the hold is over");
+}

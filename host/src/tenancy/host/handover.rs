@@ -3,16 +3,17 @@
 //! taking calls (a NATS queue group: one of them gets it). The peer that takes an offer claims the call's
 //! token (a KV `create`, so nobody else resumes it), adopts it into the same agent, resumes it on its own
 //! connection with a fresh instance of the same version, and answers once Sent has resumed it. A call no
-//! peer took in time is claimed back by the leaving host and resumed on its own connection, and offered
-//! again a little later, until the leave's time is up; what remains then goes as `serve` always let it:
-//! its connection closes with 1000 and Sent sends it to the fallback.
+//! peer took in time is claimed back by the leaving host and resumed on its own connection, on its own
+//! version and in the room it held, and offered again a little later, until the leave's time is up; what
+//! remains then goes as `serve` always let it: its connection closes with 1000 and Sent sends it to the
+//! fallback.
 //!
 //! Sent spends a token once: should both hosts resume a call (a peer slow past the offer's timeout), one
 //! of them is refused and loses its copy; the call is served once.
 
 use super::{Running, Tenancy};
-use crate::agent::{Arrival, Moves, MovingCall};
-use crate::tenancy::cluster::{Claim, NatsStore, Offered};
+use crate::agent::{Arrival, Departure, Moves, MovingCall};
+use crate::tenancy::cluster::{Claim, NatsStore, OfferError, Offered};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,17 +26,26 @@ use tokio::sync::{mpsc, oneshot};
 const RESUME_WITHIN: Duration = Duration::from_secs(6);
 /// How long a call the leaving host took back stays before it is offered again.
 const OFFER_AGAIN_AFTER: Duration = Duration::from_secs(1);
+/// How long a call that can never be offered (larger than NATS carries) stays: past any leave.
+const NEVER_AGAIN: Duration = Duration::from_secs(24 * 3600);
+/// How long the leaving host waits for a call it took back to be resumed on its own connection.
+const TAKEN_BACK_WITHIN: Duration = Duration::from_secs(15);
 /// Calls handed to an agent not yet adopted, at most (more wait in NATS).
 const ARRIVALS_QUEUED: usize = 16;
 /// Offers this host considers at once, at most (more wait in NATS, and time out there).
 const OFFERS_AT_ONCE: usize = 64;
+/// The offer's format: a host refuses an offer of another (a rolling upgrade that changed it), and the
+/// leaving host takes the call back.
+const FORMAT: u32 = 1;
 
 /// A call offered to the other hosts.
 #[derive(Serialize, Deserialize)]
 struct Offer {
+    format: u32,
     tenant: String,
     agent: String,
-    /// The component the call's version runs (when the leaving host serves that version still).
+    /// The component the call's version runs (`None` when the leaving host no longer knows it: no host
+    /// takes such a call).
     digest: Option<String>,
     from: String,
     call: MovingCall,
@@ -53,7 +63,7 @@ struct Answer {
 pub(super) struct Leaving {
     tenant: String,
     agent: String,
-    call: MovingCall,
+    departure: Departure,
 }
 
 /// What the leave did (the metrics count the same per agent).
@@ -83,6 +93,17 @@ fn claim_name(call: &MovingCall) -> String {
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Where a JSON document did not parse, without the parser's own message (which may quote it: a
+/// caller's words, a token).
+fn unparsed(error: &serde_json::Error) -> String {
+    format!(
+        "{:?} error at line {} column {}",
+        error.classify(),
+        error.line(),
+        error.column()
+    )
+}
+
 impl Tenancy {
     /// The agent's part in handovers, in a cluster: its calls leave into this host's queue of leaving
     /// calls, and calls come to it on the returned sender. `None` outside a cluster.
@@ -95,14 +116,14 @@ impl Tenancy {
         let (arrive, arrivals) = mpsc::channel(ARRIVALS_QUEUED);
         let (leavers, tenant, agent) =
             (self.leavers.clone(), tenant.to_string(), agent.to_string());
-        let out = Arc::new(move |call: MovingCall| {
+        let out = Arc::new(move |departure: Departure| {
             leavers
                 .send(Leaving {
                     tenant: tenant.clone(),
                     agent: agent.clone(),
-                    call,
+                    departure,
                 })
-                .map_err(|unsent| Box::new(unsent.0.call))
+                .map_err(|unsent| Box::new(unsent.0.departure))
         });
         let moves = Moves {
             leave: self.leaving.subscribe(),
@@ -137,10 +158,17 @@ impl Tenancy {
             };
             tokio::pin!(left);
             loop {
+                // A place first (the leave still heard while every place is taken), then an offer.
+                let permit = tokio::select! {
+                    permit = at_once.clone().acquire_owned() => match permit {
+                        Ok(permit) => permit,
+                        Err(_) => return,
+                    },
+                    () = &mut left => return,
+                };
                 tokio::select! {
                     offered = offers.next.recv() => {
                         let Some(offered) = offered else { break };
-                        let Ok(permit) = at_once.clone().acquire_owned().await else { return };
                         let tenancy = self.clone();
                         let store = store.clone();
                         tokio::spawn(async move {
@@ -179,7 +207,13 @@ impl Tenancy {
 
     async fn consider(&self, store: &NatsStore, payload: &[u8]) -> Result<(), String> {
         let offer: Offer = serde_json::from_slice(payload)
-            .map_err(|e| format!("the offer does not parse: {e}"))?;
+            .map_err(|e| format!("the offer does not parse ({})", unparsed(&e)))?;
+        if offer.format != FORMAT {
+            return Err(format!(
+                "the offer's format is {}; this host reads {FORMAT}",
+                offer.format
+            ));
+        }
         if *self.leaving.borrow() {
             return Err("this host is leaving".into());
         }
@@ -198,10 +232,10 @@ impl Tenancy {
                 ));
             };
             let version = deployment.borrow().version;
-            let same_code = offer.digest.as_deref().is_none_or(|d| d == digest.hex());
+            let same_code = offer.digest.as_deref() == Some(digest.hex());
             if version != offer.call.version || !same_code {
                 return Err(format!(
-                    "{}/{} serves version {version} here, the call runs version {}",
+                    "{}/{} serves version {version} here, the call runs version {} (or other code)",
                     offer.tenant, offer.agent, offer.call.version
                 ));
             }
@@ -222,15 +256,19 @@ impl Tenancy {
         let (resumed, answer) = oneshot::channel();
         let arrival = Arrival {
             call: offer.call,
+            kept: None,
             leave_after: Duration::ZERO,
             resumed,
         };
-        arrive
-            .send(arrival)
-            .await
-            .map_err(|_| "the agent stopped".to_string())?;
-        match tokio::time::timeout(RESUME_WITHIN, answer).await {
-            Ok(Ok(true)) => Ok(()),
+        // Handed to the agent and resumed within the budget, or not taken (the leaving host takes it
+        // back; should this host's resume still be answered later, Sent refuses one of the two).
+        let taken = tokio::time::timeout(RESUME_WITHIN, async {
+            arrive.send(arrival).await.ok()?;
+            answer.await.ok()
+        })
+        .await;
+        match taken {
+            Ok(Some(true)) => Ok(()),
             Ok(_) => Err("Sent did not resume the call here".into()),
             Err(_) => Err(format!(
                 "Sent did not answer the resume in {} s",
@@ -274,6 +312,7 @@ impl Tenancy {
                 }
                 Some(_) = offers.join_next(), if !offers.is_empty() => {}
                 _ = tick.tick() => {
+                    // A call taken back is listed live before its offer's task ends.
                     if offers.is_empty() && leavers.is_empty() && self.live_calls() == 0 {
                         break;
                     }
@@ -304,15 +343,15 @@ impl Tenancy {
         let Leaving {
             tenant,
             agent,
-            call,
+            departure: Departure { call, kept },
         } = leaving;
         let session = call.call.session_id.clone();
         let digest = self
             .running()
             .get(&(tenant.clone(), agent.clone()))
-            .filter(|r| r.deployment.borrow().version == call.version)
-            .map(|r| r.digest.hex().to_string());
+            .and_then(|r| r.digests.get(&call.version).map(|d| d.hex().to_string()));
         let offer = Offer {
+            format: FORMAT,
             tenant: tenant.clone(),
             agent: agent.clone(),
             digest,
@@ -320,6 +359,7 @@ impl Tenancy {
             call,
         };
         let payload = serde_json::to_vec(&offer).unwrap_or_default();
+        let mut offer_again_after = OFFER_AGAIN_AFTER;
         let why = match store.offer(payload).await {
             Ok(answer) => match serde_json::from_slice::<Answer>(&answer) {
                 Ok(Answer { taken: true, .. }) => {
@@ -328,8 +368,13 @@ impl Tenancy {
                     return;
                 }
                 Ok(Answer { why, .. }) => why.unwrap_or_default(),
-                Err(error) => format!("the answer does not parse: {error}"),
+                Err(error) => format!("the answer does not parse ({})", unparsed(&error)),
             },
+            Err(error @ OfferError::TooLarge(_)) => {
+                // It never will fit: it stays here until the leave is over.
+                offer_again_after = NEVER_AGAIN;
+                error.to_string()
+            }
             Err(error) => error.to_string(),
         };
         // Nobody took it: it is this host's again (a peer that claimed it and died before resuming it
@@ -350,14 +395,23 @@ impl Tenancy {
             .running()
             .get(&(tenant, agent))
             .and_then(|r| r.arrive.clone());
-        let (resumed, _) = oneshot::channel();
+        let (resumed, answer) = oneshot::channel();
         let arrival = Arrival {
             call,
-            leave_after: OFFER_AGAIN_AFTER,
+            kept: Some(kept),
+            leave_after: offer_again_after,
             resumed,
         };
         match arrive {
-            Some(arrive) if arrive.send(arrival).await.is_ok() => {}
+            // Waited for, so that the leave goes on while the call is on its way back.
+            Some(arrive) if arrive.send(arrival).await.is_ok() => {
+                if !matches!(
+                    tokio::time::timeout(TAKEN_BACK_WITHIN, answer).await,
+                    Ok(Ok(true))
+                ) {
+                    tracing::warn!(session, "cluster: a call taken back was not resumed here");
+                }
+            }
             _ => tracing::warn!(
                 session,
                 "cluster: the agent is no longer served here: the call is left to Sent's resume window"
