@@ -178,6 +178,13 @@ impl NatsStore {
         })
     }
 
+    /// The client's runtime.
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.runtime
+            .as_ref()
+            .expect("the runtime lives as long as the store")
+    }
+
     /// Runs `call` on the client's runtime, waiting at most `timeout`; a store that cannot be reached is
     /// [`StoreError::Unavailable`] at once.
     fn call<T: Send>(
@@ -190,10 +197,7 @@ impl NatsStore {
                 "not connected to NATS: nothing was changed".into(),
             ));
         }
-        let runtime = self
-            .runtime
-            .as_ref()
-            .expect("the runtime lives as long as the store");
+        let runtime = self.runtime();
         on_own_thread(runtime.handle(), async {
             tokio::time::timeout(timeout, call)
                 .await
@@ -267,10 +271,7 @@ impl NatsStore {
         mine: BTreeMap<String, usize>,
     ) -> Result<BTreeMap<String, usize>, StoreError> {
         let (calls, host_id) = (self.calls.clone(), self.host_id.clone());
-        let runtime = self
-            .runtime
-            .as_ref()
-            .expect("the runtime lives as long as the store");
+        let runtime = self.runtime();
         let exchange = runtime.spawn(async move {
             let value = serde_json::to_vec(&mine).map_err(|e| StoreError::Io(e.into()))?;
             calls.put(&host_id, value.into()).await.map_err(unavailable)?;
@@ -357,10 +358,7 @@ impl NatsStore {
     /// Joins the queue group calls are offered to.
     pub async fn offers(&self) -> Result<Offers, StoreError> {
         let (client, subject) = (self.client.clone(), self.offers_subject.clone());
-        let runtime = self
-            .runtime
-            .as_ref()
-            .expect("the runtime lives as long as the store");
+        let runtime = self.runtime();
         let group = format!("{subject}.takers");
         let mut subscriber = runtime
             .spawn(async move { client.queue_subscribe(subject, group).await })
@@ -389,10 +387,7 @@ impl NatsStore {
             return Err(OfferError::TooLarge(payload.len()));
         }
         let (client, subject) = (self.client.clone(), self.offers_subject.clone());
-        let runtime = self
-            .runtime
-            .as_ref()
-            .expect("the runtime lives as long as the store");
+        let runtime = self.runtime();
         let asked = runtime.spawn(async move {
             tokio::time::timeout(OFFER_TIMEOUT, client.request(subject, payload.into())).await
         });
@@ -413,10 +408,7 @@ impl NatsStore {
             return Ok(());
         };
         let client = self.client.clone();
-        let runtime = self
-            .runtime
-            .as_ref()
-            .expect("the runtime lives as long as the store");
+        let runtime = self.runtime();
         runtime
             .spawn(async move {
                 tokio::time::timeout(CALL_TIMEOUT, client.publish(reply, payload.into())).await
@@ -434,10 +426,7 @@ impl NatsStore {
             format!("c{name}"),
             self.host_id.clone(),
         );
-        let runtime = self
-            .runtime
-            .as_ref()
-            .expect("the runtime lives as long as the store");
+        let runtime = self.runtime();
         let claimed = runtime.spawn(async move {
             let value = bytes::Bytes::from(host.into_bytes());
             if take {

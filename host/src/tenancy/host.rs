@@ -174,6 +174,9 @@ pub struct Tenancy {
     /// True once the host leaves the cluster ([`Tenancy::leave`]): its calls leave for other hosts.
     leaving: watch::Sender<bool>,
     /// Where its agents' leaving calls go, and where [`Tenancy::leave`] takes them from (once).
+    /// Unbounded, but bounded by the calls: a call is in it at most once (it left its router to be put
+    /// there, and is back in one only after [`Tenancy::leave`] took it out), so it holds at most the
+    /// calls the host serves (`max_calls`).
     leavers: tokio::sync::mpsc::UnboundedSender<handover::Leaving>,
     leaving_calls: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<handover::Leaving>>>,
     running: Mutex<BTreeMap<(String, String), Running>>,
