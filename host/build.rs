@@ -1,5 +1,5 @@
 //! The `handler` interface of each world the host serves, as a component exporting nothing else, made from
-//! the world's WIT (`../wit`, `wit-0.1`): an upload's handler types are compared with these
+//! the world's WIT (`../wit`, `wit-0.2`, `wit-0.1`): an upload's handler types are compared with these
 //! (`sandbox/world.rs`), so the WIT stays the one statement of them.
 
 use anyhow::{Context, Result};
@@ -10,7 +10,8 @@ use wit_parser::{ManglingAndAbi, Resolve};
 fn main() -> Result<()> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     for (dir, file) in [
-        ("../wit", "handler-0.2.wasm"),
+        ("../wit", "handler-0.3.wasm"),
+        ("wit-0.2", "handler-0.2.wasm"),
         ("wit-0.1", "handler-0.1.wasm"),
     ] {
         println!("cargo:rerun-if-changed={dir}");

@@ -306,7 +306,7 @@ bool exports_voicehost_agent_handler_on_restart(exports_voicehost_agent_handler_
                                                 agent_string_t *err) {
     (void)err;
     static const char *const names[] = {"panic", "cpu-deadline", "wall-deadline", "memory", "host-memory",
-                                         "stack-overflow", "host-resources", "other", "forced"};
+                                         "stack-overflow", "host-resources", "other", "forced", "moved"};
     const char *name = reason < sizeof names / sizeof names[0] ? names[reason] : "unknown";
     agent_string_t message = concat("restarted after: ", borrowed(name));
     log_message(WASI_LOGGING_LOGGING_LEVEL_INFO, message);

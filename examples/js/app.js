@@ -26,7 +26,7 @@
 // its command runs, so "panic" and "count" count too); "count" reads it back with `load`. Saved state
 // survives a restart, so "echo a", "panic", "count" says "utterances: 3" from the fresh instance.
 
-import * as session from 'voicehost:agent/session@0.2.0';
+import * as session from 'voicehost:agent/session@0.3.0';
 import * as logging from 'wasi:logging/logging@0.1.0-draft';
 
 /** What the conformance agent says first in a text call. */

@@ -3,7 +3,7 @@
 //! voicehost runs one instance of an agent's WebAssembly component per phone call. It owns the connection
 //! to Sent (heartbeats, reconnects, resumes, replays, tool-call bookkeeping); the agent only sees its own
 //! call. This crate is the Rust side of that contract (the world `agent` of the WIT package
-//! `voicehost:agent@0.2.0`):
+//! `voicehost:agent@0.3.0`):
 //!
 //! * implement the [`Agent`] trait (every method has a default that does nothing), named after the
 //!   official Sent SDK's `Handler`;
@@ -282,6 +282,7 @@ impl RestartReason {
             RestartReason::HostResources => "host-resources",
             RestartReason::Other => "other",
             RestartReason::Forced => "forced",
+            RestartReason::Moved => "moved",
         }
     }
 }

@@ -260,7 +260,7 @@ async fn run(args: RunArgs) -> Result<()> {
     if let Some(world) = code.world().filter(|w| w.deprecated()) {
         tracing::warn!(
             world = world.name(),
-            "the agent speaks a deprecated world, served through an adapter: rebuild it against voicehost:agent@0.2.0"
+            "the agent speaks a deprecated world, served through an adapter: rebuild it against voicehost:agent@0.3.0"
         );
     }
     let config = AgentConfig {

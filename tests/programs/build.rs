@@ -41,6 +41,10 @@ const WORKSPACES: [(&str, &[(&str, &str)]); 2] = [
                 "A test guest built against voicehost:agent@0.1.0, the world before 0.2.0.",
             ),
             (
+                "previous",
+                "A test guest built against voicehost:agent@0.2.0, the world before 0.3.0.",
+            ),
+            (
                 "hoarder",
                 "A test guest: makes the host keep `wasi:http` fields, bodies and random bytes for it.",
             ),
@@ -54,7 +58,7 @@ fn main() {
     let target_dir = root.join("target").join("guests");
     let guests = target_dir.join("wasm32-wasip2").join("release");
 
-    for path in ["guest-sdk", "wit", "host/wit-0.1"] {
+    for path in ["guest-sdk", "wit", "host/wit-0.1", "host/wit-0.2"] {
         watch(&root.join(path));
     }
     for (workspace, programs) in WORKSPACES {

@@ -75,7 +75,7 @@ const SERIES: [AgentSeries; 24] = [
     ),
     (
         "deprecated_world_calls",
-        "Calls served by a component built against a deprecated world (voicehost:agent@0.1.0): rebuild it against 0.2.0.",
+        "Calls served by a component built against a deprecated world (voicehost:agent@0.1.0): rebuild it against 0.3.0.",
         C(|s| &s.deprecated_world_calls),
     ),
     (

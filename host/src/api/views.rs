@@ -29,7 +29,7 @@ pub use crate::tenancy::AgentStatus;
          "world": "voicehost:agent@0.1.0", "deprecated": true, "active": false},
         {"version": 2, "digest": "sha256:60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752",
          "size_bytes": 1851904, "uploaded_at": 1767312000,
-         "world": "voicehost:agent@0.2.0", "deprecated": false, "active": true}
+         "world": "voicehost:agent@0.3.0", "deprecated": false, "active": true}
     ]
 }))]
 pub struct AgentView {
@@ -62,7 +62,7 @@ pub struct AgentView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[schema(as = Version, example = json!({
     "version": 3, "digest": "sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae",
-    "size_bytes": 1851904, "uploaded_at": 1767398400, "world": "voicehost:agent@0.2.0",
+    "size_bytes": 1851904, "uploaded_at": 1767398400, "world": "voicehost:agent@0.3.0",
     "deprecated": false, "active": false
 }))]
 pub struct VersionView {
@@ -81,7 +81,7 @@ pub struct VersionView {
     /// say).
     #[serde(default = "World::recorded_before_0_2")]
     pub world: World,
-    /// Whether that world is deprecated (0.1.0): it is served, but should be rebuilt against 0.2.0.
+    /// Whether that world is deprecated (0.1.0): it is served, but should be rebuilt against 0.3.0.
     #[serde(default)]
     pub deprecated: bool,
     /// Whether it is the agent's active version.
@@ -384,7 +384,7 @@ mod tests {
             digest: format!("sha256:{}", "ab".repeat(32)),
             size_bytes: 1843201,
             uploaded_at: 1767225600,
-            world: World::V0_2,
+            world: World::V0_3,
             deprecated: false,
             active,
         }
@@ -406,7 +406,7 @@ mod tests {
         exactly(
             &serving,
             &format!(
-                r#"{{"agent_id":"agent_abc123","status":"serving","active_version":2,"served_version":2,"failure_policy":{{"action":"transfer","to":{{"kind":"number","value":"+14155550100"}}}},"live_sessions":3,"versions":[{{"version":1,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"world":"voicehost:agent@0.2.0","deprecated":false,"active":false}},{{"version":2,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"world":"voicehost:agent@0.2.0","deprecated":false,"active":true}}]}}"#
+                r#"{{"agent_id":"agent_abc123","status":"serving","active_version":2,"served_version":2,"failure_policy":{{"action":"transfer","to":{{"kind":"number","value":"+14155550100"}}}},"live_sessions":3,"versions":[{{"version":1,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"world":"voicehost:agent@0.3.0","deprecated":false,"active":false}},{{"version":2,"digest":"sha256:{digest}","size_bytes":1843201,"uploaded_at":1767225600,"world":"voicehost:agent@0.3.0","deprecated":false,"active":true}}]}}"#
             ),
         );
         let refused = AgentView {

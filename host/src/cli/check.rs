@@ -188,7 +188,7 @@ fn report(
     let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
     let world = match code.world() {
         Some(world) if world.deprecated() => format!(
-            "{} (deprecated: served through an adapter; rebuild against voicehost:agent@0.2.0)",
+            "{} (deprecated: served through an adapter; rebuild against voicehost:agent@0.3.0)",
             world.name()
         ),
         Some(world) => world.name().to_string(),

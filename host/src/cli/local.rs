@@ -372,7 +372,7 @@ pub fn compile(sandbox: &Sandbox, path: &Path, rules: &CallRules) -> Result<Agen
     ));
     if let Some(world) = code.world().filter(|w| w.deprecated()) {
         say(&format!(
-            "(it speaks {}, deprecated: served through an adapter; rebuild it against voicehost:agent@0.2.0)",
+            "(it speaks {}, deprecated: served through an adapter; rebuild it against voicehost:agent@0.3.0)",
             world.name()
         ));
     }

@@ -59,7 +59,7 @@ impl File {
     }
 }
 
-/// The WIT package the host serves (`voicehost:agent@0.2.0`) with its dependencies as `wkg` lays them out:
+/// The WIT package the host serves (`voicehost:agent@0.3.0`) with its dependencies as `wkg` lays them out:
 /// every file of `wit/` (a test checks none is missing), and `wkg.toml`, which builds it from them.
 const WIT_FILES: &[(&str, &str)] = &[
     ("wit/agent.wit", include_str!("../../../wit/agent.wit")),
@@ -373,7 +373,7 @@ fn readme(name: &str, lang: Lang) -> String {
          at the top of {source}: make it yours from there.\n\n\
          ## Build\n\n\
          ```sh\n./build.sh          # writes target/agent.wasm\n```\n\n\
-         It needs {needs}. `wit/` is the WIT package the host serves (`voicehost:agent@0.2.0`, its WASI dependencies in `wit/deps/`; `wkg build` makes a package of it).\n\n\
+         It needs {needs}. `wit/` is the WIT package the host serves (`voicehost:agent@0.3.0`, its WASI dependencies in `wit/deps/`; `wkg build` makes a package of it).\n\n\
          ## Talk to it\n\n\
          ```sh\nvoicehost call --agent target/agent.wasm\n```\n\n\
          Type as the caller (`echo hello`); `/help` lists the commands (`/drop`, `/restart`, `/hangup`, …). \

@@ -310,7 +310,7 @@ mod tests {
                  "size_bytes": 1843201, "uploaded_at": 1767225600, "world": "voicehost:agent@0.1.0",
                  "deprecated": true, "active": false},
                 {"version": 2, "digest": format!("sha256:{}", "60303ae22b99".repeat(5) + "8861"),
-                 "size_bytes": 900, "uploaded_at": 1767312001, "world": "voicehost:agent@0.2.0",
+                 "size_bytes": 900, "uploaded_at": 1767312001, "world": "voicehost:agent@0.3.0",
                  "deprecated": false, "active": true}
             ]
         })
@@ -342,7 +342,7 @@ mod tests {
              \n\
              VERSION  DIGEST               SIZE     UPLOADED (UTC)       WORLD               ACTIVE\n\
              1        sha256:9f86d081884c  1.8 MiB  2026-01-01 00:00:00  0.1.0 (deprecated)\n\
-             2        sha256:60303ae22b99  900 B    2026-01-02 00:00:01  0.2.0               *\n"
+             2        sha256:60303ae22b99  900 B    2026-01-02 00:00:01  0.3.0               *\n"
         );
     }
 
@@ -399,7 +399,7 @@ mod tests {
             digest: "sha256:ab".into(),
             size_bytes: 2048,
             uploaded_at: 0,
-            world: World::V0_2,
+            world: World::V0_3,
             deprecated: false,
             active: false,
         };

@@ -52,6 +52,7 @@ impl Sandbox {
         let mut without_http: Linker<HostState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut without_http)?;
         super::imports::add_to_linker(&mut without_http)?;
+        super::v0_2::add_to_linker(&mut without_http)?;
         super::legacy::add_to_linker(&mut without_http)?;
         let mut linker = without_http.clone();
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;

@@ -259,7 +259,7 @@ impl logging::Host for HostState {
 /// The most of a `wasi:logging` context a log line keeps, in bytes.
 const MAX_CONTEXT_BYTES: usize = 64;
 
-/// Defines the `voicehost:agent@0.2.0` imports (`types`, `session`) and `wasi:logging` in `linker`; WASI
+/// Defines the `voicehost:agent@0.3.0` imports (`types`, `session`) and `wasi:logging` in `linker`; WASI
 /// and `wasi:http` are wasmtime's to link.
 pub(super) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     types::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;

@@ -1,7 +1,7 @@
 //! `voicehost:agent@0.1.0`, the world before 0.2.0 (deprecated): components built against it are served
-//! through the same host code, by this adapter. Its imports are the 0.2.0 ones with the old shapes (the
+//! through the same host code, by this adapter. Its imports are the 0.3.0 ones with the old shapes (the
 //! `call` record, a tool result with an `ok` flag, the `log` interface), and its handlers are called with
-//! the 0.2.0 events converted back. Its WIT is kept in `host/wit-0.1/`, unchanged.
+//! the 0.3.0 events converted back. Its WIT is kept in `host/wit-0.1/`, unchanged.
 
 use super::imports::HostState;
 use super::instance::Event;
@@ -29,7 +29,7 @@ pub const WORLD: &str = "voicehost:agent@0.1.0";
 pub(super) type Agent = bindings::Agent;
 pub(super) type AgentPre = bindings::AgentPre<HostState>;
 
-/// Defines the 0.1.0 imports (`types`, `session`, `log`) in `linker`, beside the 0.2.0 ones: a component of
+/// Defines the 0.1.0 imports (`types`, `session`, `log`) in `linker`, beside the 0.3.0 ones: a component of
 /// either version links against the same linker.
 pub(super) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     types::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)?;
@@ -84,7 +84,8 @@ pub(super) async fn call(
     }
 }
 
-/// The reason as 0.1.0 gave it: the trap kind's name (`TrapKind::as_str`).
+/// The reason as 0.1.0 gave it: the trap kind's name (`TrapKind::as_str`), or `moved` (0.1.0's reason is
+/// a string, so a new one breaks nothing).
 fn restart_reason(reason: wit::RestartReason) -> &'static str {
     use wit::RestartReason as R;
     let kind = match reason {
@@ -97,6 +98,7 @@ fn restart_reason(reason: wit::RestartReason) -> &'static str {
         R::HostResources => TrapKind::HostResources,
         R::Other => TrapKind::Other,
         R::Forced => TrapKind::Forced,
+        R::Moved => return "moved",
     };
     kind.as_str()
 }

@@ -41,6 +41,7 @@ pub mod limits;
 mod native;
 pub mod outbound;
 mod trap;
+mod v0_2;
 mod world;
 
 pub use compile_input::Wasm;
@@ -53,7 +54,7 @@ pub use outbound::{HttpPolicy, Origin};
 pub use trap::{TrapKind, TrapReport};
 pub use world::World;
 
-// Generated from wit/agent.wit (voicehost:agent@0.2.0), whose doc comments become the docs; the WIT leaves
+// Generated from wit/agent.wit (voicehost:agent@0.3.0), whose doc comments become the docs; the WIT leaves
 // a few items bare, and the generated helpers (`Refused::name`, `Refused::message`) can have none. WASI and
 // `wasi:http` are wasmtime's own bindings: the world includes them, the host links them from there.
 #[allow(missing_docs)]
@@ -162,7 +163,7 @@ pub mod wit {
             match event {
                 GuestEvent::Start => Event::SessionStart,
                 // The call moved here from another host: this instance takes over from that host's.
-                GuestEvent::Moved => Event::Restart(RestartReason::Forced),
+                GuestEvent::Moved => Event::Restart(RestartReason::Moved),
                 GuestEvent::UserSaid { text, correction } => {
                     Event::UserSaid(UserSaid { text, correction })
                 }

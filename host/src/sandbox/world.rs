@@ -1,11 +1,12 @@
-//! The `agent` world a component speaks: which version ([`World`]: 0.2.0, or 0.1.0 through its adapter),
+//! The `agent` world a component speaks: which version ([`World`]: 0.3.0, or 0.2.0 or 0.1.0 through their
+//! adapters),
 //! its pre-linked form and its instances in that version ([`Pre`], [`Guest`]); and, in words, each import
 //! the host does not provide, named with why and what to do instead, so an upload (or `voicehost check`)
 //! refused for its imports says more than the linker's first mismatch.
 
 use super::imports::HostState;
 use super::instance::Event;
-use super::{bindings, legacy};
+use super::{bindings, legacy, v0_2};
 use std::sync::OnceLock;
 use wasmtime::component::types::{self, ComponentFunc, ComponentItem};
 use wasmtime::component::{Component, InstancePre, Type};
@@ -16,7 +17,10 @@ use wasmtime::{Engine, Store};
     Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
 )]
 pub enum World {
-    /// `voicehost:agent@0.2.0`, `wit/` of this repository.
+    /// `voicehost:agent@0.3.0`, `wit/` of this repository.
+    #[serde(rename = "voicehost:agent@0.3.0")]
+    V0_3,
+    /// `voicehost:agent@0.2.0`, served through an adapter (a moved call's restart reason is `forced`).
     #[serde(rename = "voicehost:agent@0.2.0")]
     V0_2,
     /// `voicehost:agent@0.1.0`, served through an adapter: deprecated.
@@ -25,10 +29,14 @@ pub enum World {
 }
 
 impl World {
-    /// `voicehost:agent@0.2.0`.
+    /// The world this host is built against, `wit/`'s.
+    pub const CURRENT: World = World::V0_3;
+
+    /// `voicehost:agent@0.3.0`, ….
     pub fn name(self) -> &'static str {
         match self {
-            World::V0_2 => "voicehost:agent@0.2.0",
+            World::V0_3 => "voicehost:agent@0.3.0",
+            World::V0_2 => v0_2::WORLD,
             World::V0_1 => legacy::WORLD,
         }
     }
@@ -36,6 +44,7 @@ impl World {
     /// The version of its `voicehost:agent` package.
     fn version(self) -> &'static str {
         match self {
+            World::V0_3 => "0.3.0",
             World::V0_2 => "0.2.0",
             World::V0_1 => "0.1.0",
         }
@@ -56,29 +65,32 @@ impl World {
 #[derive(Clone)]
 pub(super) enum Pre {
     Current(bindings::AgentPre<HostState>),
+    V0_2(v0_2::AgentPre),
     Legacy(legacy::AgentPre),
 }
 
 /// One instance of a component, in its world.
 pub(super) enum Guest {
     Current(bindings::Agent),
+    V0_2(v0_2::Agent),
     Legacy(legacy::Agent),
 }
 
 impl World {
-    /// The world `component` speaks: 0.1.0 when it imports or exports any `voicehost:agent` interface of
-    /// 0.1.x (a component half moved to 0.2.0 still needs the adapter), 0.2.0 otherwise.
+    /// The world `component` speaks: the oldest of its `voicehost:agent` interfaces' versions (a
+    /// component half moved to a newer one is still as old as its oldest part), 0.3.0 when none is older.
     pub(super) fn of(engine: &Engine, component: &Component) -> World {
         let ty = component.component_type();
-        let mut names = ty
+        let versions: Vec<&str> = ty
             .imports(engine)
             .map(|(name, _)| name)
-            .chain(ty.exports(engine).map(|(name, _)| name));
-        if names.any(|name| agent_version(name).is_some_and(|v| resolves(v, "0.1.0"))) {
-            World::V0_1
-        } else {
-            World::V0_2
-        }
+            .chain(ty.exports(engine).map(|(name, _)| name))
+            .filter_map(agent_version)
+            .collect();
+        [World::V0_1, World::V0_2]
+            .into_iter()
+            .find(|world| versions.iter().any(|v| resolves(v, world.version())))
+            .unwrap_or(World::CURRENT)
     }
 }
 
@@ -90,9 +102,9 @@ fn agent_version(name: &str) -> Option<&str> {
 }
 
 impl Pre {
-    /// The component's `handler` export, checked against its version's: 0.2.0's when it exports one of
-    /// 0.2.x, else 0.1.0's (never a fallback from a broken 0.2.0 handler to a 0.1.0 one, and the error
-    /// names the version the component exports). Its functions' types are checked here, where an upload is,
+    /// The component's `handler` export, checked against its version's: the newest version it exports a
+    /// handler of (never a fallback from a broken newer handler to an older one, and the error names the
+    /// version the component exports); 0.3.0's when it exports none, which the bindings then name. Its functions' types are checked here, where an upload is,
     /// not at the first call's instantiation.
     pub(super) fn new(pre: InstancePre<HostState>) -> wasmtime::Result<Pre> {
         let component = pre.component();
@@ -103,10 +115,10 @@ impl Pre {
             .filter_map(|(name, _)| Some((name, name.strip_prefix("voicehost:agent/handler@")?)))
             .collect();
         let exports = |linked: &str| handlers.iter().any(|(_, v)| resolves(v, linked));
-        let world = match exports("0.1.0") && !exports("0.2.0") {
-            true => World::V0_1,
-            false => World::V0_2,
-        };
+        let world = [World::V0_3, World::V0_2, World::V0_1]
+            .into_iter()
+            .find(|world| exports(world.version()))
+            .unwrap_or(World::CURRENT);
         // Every export the bindings might take for the world's handler (wasmtime takes the exact version,
         // else the highest that resolves to it): each must have the world's types.
         for (export, _) in handlers
@@ -117,7 +129,8 @@ impl Pre {
         }
         match world {
             World::V0_1 => legacy::AgentPre::new(pre).map(Pre::Legacy),
-            World::V0_2 => bindings::AgentPre::new(pre).map(Pre::Current),
+            World::V0_2 => v0_2::AgentPre::new(pre).map(Pre::V0_2),
+            World::V0_3 => bindings::AgentPre::new(pre).map(Pre::Current),
         }
     }
 
@@ -127,6 +140,7 @@ impl Pre {
     ) -> wasmtime::Result<Guest> {
         Ok(match self {
             Pre::Current(pre) => Guest::Current(pre.instantiate_async(store).await?),
+            Pre::V0_2(pre) => Guest::V0_2(pre.instantiate_async(store).await?),
             Pre::Legacy(pre) => Guest::Legacy(pre.instantiate_async(store).await?),
         })
     }
@@ -141,6 +155,7 @@ impl Guest {
     ) -> wasmtime::Result<Result<(), String>> {
         let agent = match self {
             Guest::Current(agent) => agent,
+            Guest::V0_2(agent) => return v0_2::call(agent, store, event).await,
             Guest::Legacy(agent) => return legacy::call(agent, store, event).await,
         };
         let handler = agent.voicehost_agent_handler();
@@ -158,7 +173,7 @@ impl Guest {
 }
 
 /// The functions of `handler` as each world's WIT states them, from components build.rs makes of the WIT.
-static STATED: OnceLock<Result<[Stated; 2], String>> = OnceLock::new();
+static STATED: OnceLock<Result<[Stated; 3], String>> = OnceLock::new();
 
 type Stated = Vec<(String, ComponentFunc)>;
 
@@ -182,13 +197,24 @@ fn stated(world: World) -> wasmtime::Result<&'static Stated> {
                 })
                 .collect())
         };
+        let v0_3 = include_bytes!(concat!(env!("OUT_DIR"), "/handler-0.3.wasm"));
         let v0_2 = include_bytes!(concat!(env!("OUT_DIR"), "/handler-0.2.wasm"));
         let v0_1 = include_bytes!(concat!(env!("OUT_DIR"), "/handler-0.1.wasm"));
-        (|| Ok([read(v0_2, World::V0_2)?, read(v0_1, World::V0_1)?]))()
-            .map_err(|e: wasmtime::Error| format!("{e:#}"))
+        (|| {
+            Ok([
+                read(v0_3, World::V0_3)?,
+                read(v0_2, World::V0_2)?,
+                read(v0_1, World::V0_1)?,
+            ])
+        })()
+        .map_err(|e: wasmtime::Error| format!("{e:#}"))
     });
     match stated {
-        Ok([v0_2, v0_1]) => Ok(if world == World::V0_2 { v0_2 } else { v0_1 }),
+        Ok([v0_3, v0_2, v0_1]) => Ok(match world {
+            World::V0_3 => v0_3,
+            World::V0_2 => v0_2,
+            World::V0_1 => v0_1,
+        }),
         Err(e) => wasmtime::bail!("the host's own handler types: {e}"),
     }
 }
@@ -441,11 +467,15 @@ fn explain(name: &str) -> Option<String> {
     let (path, version) = name.split_once('@').unwrap_or((name, ""));
     let (package, interface) = path.split_once('/').unwrap_or((path, ""));
     let why = match package {
-        "voicehost:agent" if resolves(version, "0.2.0") || resolves(version, "0.1.0") => {
+        "voicehost:agent"
+            if [World::V0_3, World::V0_2, World::V0_1]
+                .iter()
+                .any(|world| resolves(version, world.version())) =>
+        {
             return None
         }
-        "voicehost:agent" => "this host speaks voicehost:agent@0.2.0 (and 0.1.0, deprecated): build \
-                              against the wit/ of the host you upload to"
+        "voicehost:agent" => "this host speaks voicehost:agent@0.3.0 (and 0.2.0; 0.1.0, deprecated): \
+                              build against the wit/ of the host you upload to"
             .to_string(),
         "wasi:logging" if path == "wasi:logging/logging" && version == "0.1.0-draft" => return None,
         "wasi:http" if interface == "incoming-handler" => {
@@ -536,6 +566,7 @@ mod tests {
             "voicehost:agent/session@0.1.0",
             "voicehost:agent/log@0.1.1",
             "voicehost:agent/session@0.2.0",
+            "voicehost:agent/handler@0.3.0",
             "wasi:logging/logging@0.1.0-draft",
         ] {
             assert_eq!(explain(provided), None, "{provided}");
@@ -557,7 +588,7 @@ mod tests {
             ),
             ("wasi:nn/tensor@0.2.0-rc-2024-10-28", "a WASI proposal"),
             ("fermyon:spin/llm@2.0.0", "Spin SDK"),
-            ("voicehost:agent/session@0.3.0", "voicehost:agent@0.2.0"),
+            ("voicehost:agent/session@0.4.0", "voicehost:agent@0.3.0"),
             ("acme:tools/lookup@1.0.0", "remove what imports it"),
         ] {
             let why = explain(import).unwrap_or_else(|| panic!("{import} is not linked"));

@@ -312,11 +312,22 @@ pub struct Offered {
     reply: Option<async_nats::Subject>,
 }
 
-/// The offers made to this host while it takes calls; dropping it leaves the queue group.
+/// The offers made to this host while it takes calls; dropping it leaves the queue group (what NATS sent
+/// here meanwhile is lost, and its senders wait their timeout: [`Offers::drain`] answers them).
 pub struct Offers {
-    /// The offers, in the order they came.
+    /// The offers, in the order they came; it ends once [`Offers::drain`] has drained them.
     pub next: tokio::sync::mpsc::Receiver<Offered>,
+    drain: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl Offers {
+    /// Leaves the queue group: `next` gives what NATS routed here until it took the leave in, then ends.
+    pub fn drain(&mut self) {
+        if let Some(drain) = self.drain.take() {
+            let _ = drain.send(());
+        }
+    }
 }
 
 impl Drop for Offers {
@@ -366,8 +377,23 @@ impl NatsStore {
             .map_err(unavailable)?
             .map_err(unavailable)?;
         let (tx, next) = tokio::sync::mpsc::channel(OFFERS_QUEUED);
+        let (drain, mut drained) = tokio::sync::oneshot::channel::<()>();
         let task = runtime.spawn(async move {
-            while let Some(message) = subscriber.next().await {
+            let mut draining = false;
+            loop {
+                let message = tokio::select! {
+                    message = subscriber.next() => message,
+                    _ = &mut drained, if !draining => {
+                        draining = true;
+                        // An unsubscribe and a ping: the stream ends at the pong, after every offer
+                        // NATS routed here before it took the unsubscribe in.
+                        if subscriber.drain().await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                };
+                let Some(message) = message else { break };
                 let offered = Offered {
                     payload: message.payload.to_vec(),
                     reply: message.reply,
@@ -377,7 +403,11 @@ impl NatsStore {
                 }
             }
         });
-        Ok(Offers { next, task })
+        Ok(Offers {
+            next,
+            drain: Some(drain),
+            task,
+        })
     }
 
     /// Offers a call to the hosts taking calls: the answer of the one that took the offer, or why none

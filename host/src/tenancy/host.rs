@@ -173,6 +173,8 @@ pub struct Tenancy {
     pub cluster_changes: Counter,
     /// True once the host leaves the cluster ([`Tenancy::leave`]): its calls leave for other hosts.
     leaving: watch::Sender<bool>,
+    /// True once the host takes no more calls offered by other hosts (out of the queue group).
+    offers_closed: watch::Sender<bool>,
     /// Where its agents' leaving calls go, and where [`Tenancy::leave`] takes them from (once).
     /// Unbounded, but bounded by the calls: a call is in it at most once (it left its router to be put
     /// there, and is back in one only after [`Tenancy::leave`] took it out), so it holds at most the
@@ -268,6 +270,7 @@ impl Tenancy {
         let (leavers, leaving_calls) = tokio::sync::mpsc::unbounded_channel();
         Ok(Arc::new(Tenancy {
             leaving: watch::Sender::new(false),
+            offers_closed: watch::Sender::new(false),
             leavers,
             leaving_calls: Mutex::new(Some(leaving_calls)),
             metrics_token: RwLock::new(config.metrics_token()?),
@@ -940,7 +943,7 @@ impl Tenancy {
         // Under the lock, with the limits and the tenant's other uploads as they are now (a reload may
         // have lowered them, another upload may have been stored meanwhile); its compiled size counted.
         let compiled = code.compiled_bytes();
-        let world = code.world().unwrap_or(World::V0_2);
+        let world = code.world().unwrap_or(World::CURRENT);
         let usage = registry.usage(tenant, Some((&digest, size, compiled)));
         let checked = self
             .check_quota(tenant, &usage)
@@ -1589,7 +1592,7 @@ fn warn_if_deprecated(tenant: &str, agent: &str, version: u32, code: &AgentCode)
             agent,
             version,
             world = world.name(),
-            "the agent's version speaks a deprecated world, served through an adapter: rebuild it against voicehost:agent@0.2.0"
+            "the agent's version speaks a deprecated world, served through an adapter: rebuild it against voicehost:agent@0.3.0"
         );
     }
 }

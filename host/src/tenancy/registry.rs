@@ -700,7 +700,7 @@ mod tests {
     fn uploaded(at: u64) -> Uploaded {
         Uploaded {
             compiled_bytes: 0,
-            world: World::V0_2,
+            world: World::V0_3,
             at,
         }
     }

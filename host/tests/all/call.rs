@@ -512,6 +512,34 @@ fn what_cannot_start_a_call_exits_2_saying_why() {
 }
 
 #[test]
+fn a_component_of_0_2_is_called_through_its_adapter_and_told_of_a_restart_in_its_own_words() {
+    let dir = author_dir(
+        "previous",
+        &[("agent.wasm", &voicehost_testkit::guest("previous"))],
+    );
+    let (lines, code, stderr) = call_with(
+        &dir,
+        &["--agent", "agent.wasm"],
+        &["echo old", "/restart", "echo again", "/hangup"],
+    );
+    assert_in_order(
+        &lines,
+        &[
+            "agent: Hello from a 0.2.0 agent.",
+            "agent: old",
+            "agent: restarted after forced",
+            "agent: again",
+            "call ended: caller_hung_up",
+        ],
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("deprecated")),
+        "0.2.0 is served, not deprecated: {lines:?}"
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
 fn a_component_of_the_world_before_is_called_through_the_adapter_and_said_deprecated() {
     let dir = author_dir(
         "legacy",
@@ -525,7 +553,7 @@ fn a_component_of_the_world_before_is_called_through_the_adapter_and_said_deprec
     assert_in_order(
         &lines,
         &[
-            "(it speaks voicehost:agent@0.1.0, deprecated: served through an adapter; rebuild it against voicehost:agent@0.2.0)",
+            "(it speaks voicehost:agent@0.1.0, deprecated: served through an adapter; rebuild it against voicehost:agent@0.3.0)",
             "agent: Hello from a 0.1.0 agent.",
             "agent: old",
             // 0.1.0 named the reason as a string: the trap kind's.

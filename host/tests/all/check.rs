@@ -116,8 +116,8 @@ async fn a_handler_of_the_wrong_types_is_refused_at_upload_naming_the_function_a
     hosting.finish().await;
     assert!(
         message.contains(
-            "voicehost:agent/handler@0.2.0: `on-session-start` is func() -> result<_, u32>, \
-             where voicehost:agent@0.2.0 states func() -> result<_, string>"
+            "voicehost:agent/handler@0.3.0: `on-session-start` is func() -> result<_, u32>, \
+             where voicehost:agent@0.3.0 states func() -> result<_, string>"
         ),
         "{message}"
     );
@@ -132,13 +132,13 @@ async fn a_handler_of_the_wrong_types_is_refused_at_upload_naming_the_function_a
 
 #[test]
 fn every_handler_export_of_the_worlds_version_is_checked_not_only_the_first() {
-    // handler@0.2.0 fits; handler@0.2.1 (which the bindings would take: the highest 0.2.x) does not.
+    // handler@0.3.0 fits; handler@0.3.1 (which the bindings would take: the highest 0.3.x) does not.
     let two = component_of_wit(&Path::new(REPO).join("wit"), "two", |dir| {
         let text = std::fs::read_to_string(dir.join("agent.wit")).unwrap();
         let later = text
             .replacen(
-                "package voicehost:agent@0.2.0;",
-                "package voicehost:agent@0.2.1;",
+                "package voicehost:agent@0.3.0;",
+                "package voicehost:agent@0.3.1;",
                 1,
             )
             .replacen(
@@ -146,18 +146,18 @@ fn every_handler_export_of_the_worlds_version_is_checked_not_only_the_first() {
                 "on-audio: func(samples: list<u8>)",
                 1,
             );
-        std::fs::create_dir_all(dir.join("deps/agent-0.2.1")).unwrap();
-        std::fs::write(dir.join("deps/agent-0.2.1/package.wit"), later).unwrap();
+        std::fs::create_dir_all(dir.join("deps/agent-0.3.1")).unwrap();
+        std::fs::write(dir.join("deps/agent-0.3.1/package.wit"), later).unwrap();
         std::fs::write(
             dir.join("agent.wit"),
-            text + "\nworld two { export handler; export voicehost:agent/handler@0.2.1; }\n",
+            text + "\nworld two { export handler; export voicehost:agent/handler@0.3.1; }\n",
         )
         .unwrap();
     });
     let dir = author_dir("types-two", &[("two.wasm", &two)]);
     let stderr = refused_in(&dir, &["two.wasm"]);
     assert!(
-        stderr.contains("voicehost:agent/handler@0.2.1: `on-audio` is func(samples: list<u8>)"),
+        stderr.contains("voicehost:agent/handler@0.3.1: `on-audio` is func(samples: list<u8>)"),
         "{stderr}"
     );
 }
@@ -222,12 +222,27 @@ fn a_component_an_upload_would_take_is_described_and_the_check_passes() {
     );
     for line in [
         "fits the voicehost:agent world, within the default limits",
-        "world         voicehost:agent@0.2.0\n",
+        "world         voicehost:agent@0.3.0\n",
         "of memory_mib = 64",
         "pool slots    1 per call",
     ] {
         assert!(stdout.contains(line), "{line:?} not in\n{stdout}");
     }
+}
+
+#[test]
+fn a_component_of_0_2_is_fit_and_not_deprecated() {
+    let dir = author_dir(
+        "previous",
+        &[("agent.wasm", &voicehost_testkit::guest("previous"))],
+    );
+    let out = check_in(&dir, &["agent.wasm"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("world         voicehost:agent@0.2.0\n"),
+        "{stdout}"
+    );
 }
 
 #[test]

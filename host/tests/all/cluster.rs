@@ -602,11 +602,14 @@ async fn a_rolling_restart_of_every_host_loses_no_call_and_no_frame() {
     let run = tokio::spawn(async move { sentsim::chaos::run(&sim, AGENT, &plan).await });
     // Every call placed and talking, spread over the three hosts.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let mut handed_over = 0;
+    let (mut handed_over, mut taken_back) = (0, 0);
+    let mut logs = Vec::new();
     for at in 0..3 {
         let log = restart(&mut cluster, at, 1).await;
         assert_eq!(left_count(&log, "left_behind"), 0, "{log}");
         handed_over += left_count(&log, "handed_over");
+        taken_back += left_count(&log, "taken_back");
+        logs.push(log);
     }
     let report = run
         .await
@@ -621,12 +624,32 @@ async fn a_rolling_restart_of_every_host_loses_no_call_and_no_frame() {
     );
     assert_eq!(report.lost, 0, "{report}");
     assert_eq!(report.ended, calls, "{report}");
+    // Peers that serve the version and are not leaving take every offer: none waits to be taken back.
+    assert_eq!(taken_back, 0, "offers no peer took");
     assert!(
         handed_over >= calls as u64,
         "each call lives through three restarts, so it is handed over at least once: {handed_over}"
     );
     let violations = cluster.sim.violations_since(0);
     assert!(violations.is_empty(), "{violations:?}");
+    // The fresh instance a moved call starts with is told so (the conformance agent logs the reason), on
+    // the host that took it or on the leaving host that took it back. A call moved again before its guest
+    // heard of the first move hears of the last one only; and a call's last move is heard of, as it
+    // talks on for seconds after the last restart.
+    logs.extend(cluster.hosts.iter().map(|h| h.log.lock().unwrap().clone()));
+    let told = |reason: &str| {
+        let line = format!("guest=\"restarted after: {reason}\"");
+        logs.iter()
+            .map(|log| log.matches(&line).count())
+            .sum::<usize>() as u64
+    };
+    let moved = told("moved");
+    assert!(
+        (calls as u64..=handed_over + taken_back).contains(&moved),
+        "{moved} fresh instances told the call moved, for {calls} calls, {handed_over} handovers and \
+         {taken_back} taken back"
+    );
+    assert_eq!(told("forced"), 0, "no restart here is forced");
 }
 
 /// A peer that takes the first call offered, claims it, and dies before it resumes it (nor answers the

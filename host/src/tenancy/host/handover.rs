@@ -34,6 +34,8 @@ const TAKEN_BACK_WITHIN: Duration = Duration::from_secs(15);
 const ARRIVALS_QUEUED: usize = 16;
 /// Offers this host considers at once, at most (more wait in NATS, and time out there).
 const OFFERS_AT_ONCE: usize = 64;
+/// How long a leaving host waits for NATS to take in that it no longer takes offers (its pong).
+const DRAIN_WITHIN: Duration = Duration::from_secs(2);
 /// The offer's format: a host refuses an offer of another (a rolling upgrade that changed it), and the
 /// leaving host takes the call back.
 const FORMAT: u32 = 1;
@@ -57,6 +59,15 @@ struct Answer {
     taken: bool,
     /// Why not, when not taken.
     why: Option<String>,
+}
+
+/// Says, when dropped, that this host takes no more offers.
+struct OffersClosed<'a>(&'a tokio::sync::watch::Sender<bool>);
+
+impl Drop for OffersClosed<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
 }
 
 /// A call leaving this host, and whose it is.
@@ -133,14 +144,17 @@ impl Tenancy {
         Some((moves, arrive))
     }
 
-    /// Takes the calls other hosts offer, until this host leaves (a task of its own, from the start).
+    /// Takes the calls other hosts offer, until this host leaves (a task of its own, from the start);
+    /// then leaves the queue group, declining what NATS sent here meanwhile, and says it no longer takes
+    /// any ([`Tenancy::leave`] waits for that before it offers calls of its own).
     pub(super) async fn take_offers(self: Arc<Tenancy>) {
+        let _closed = OffersClosed(&self.offers_closed);
         let Some(store) = self.shared.clone() else {
             return;
         };
         let mut leaving = self.leaving.subscribe();
         let at_once = Arc::new(tokio::sync::Semaphore::new(OFFERS_AT_ONCE));
-        loop {
+        let mut offers = 'subscribed: loop {
             if *leaving.borrow() {
                 return;
             }
@@ -164,11 +178,12 @@ impl Tenancy {
                         Ok(permit) => permit,
                         Err(_) => return,
                     },
-                    () = &mut left => return,
+                    () = &mut left => break 'subscribed offers,
                 };
                 tokio::select! {
                     offered = offers.next.recv() => {
-                        let Some(offered) = offered else { break };
+                        // The subscription ended (NATS closed it): listen again.
+                        let Some(offered) = offered else { continue 'subscribed };
                         let tenancy = self.clone();
                         let store = store.clone();
                         tokio::spawn(async move {
@@ -176,11 +191,20 @@ impl Tenancy {
                             drop(permit);
                         });
                     }
-                    // Dropping `offers` leaves the queue group: no more calls come here.
-                    () = &mut left => return,
+                    () = &mut left => break 'subscribed offers,
                 }
             }
-        }
+        };
+        // Each offer that reached this host before NATS took its leave in is answered (declined: this
+        // host is leaving), so no leaving peer waits out its timeout for an answer that never comes.
+        offers.drain();
+        let _ = tokio::time::timeout(DRAIN_WITHIN, async {
+            while let Some(offered) = offers.next.recv().await {
+                let (tenancy, store) = (self.clone(), store.clone());
+                tokio::spawn(async move { tenancy.take_offer(&store, offered).await });
+            }
+        })
+        .await;
     }
 
     /// One offer: taken if this host serves the agent's same version and the call is nobody's yet, and
@@ -299,8 +323,11 @@ impl Tenancy {
             calls = self.live_calls(),
             "cluster: leaving: handing every call that can move to another host"
         );
-        self.leaving.send_replace(true);
         let deadline = tokio::time::Instant::now() + within;
+        self.leaving.send_replace(true);
+        // Out of the queue group before the first offer: none of this host's calls is offered to itself.
+        let mut closed = self.offers_closed.subscribe();
+        let _ = tokio::time::timeout(DRAIN_WITHIN, closed.wait_for(|closed| *closed)).await;
         let mut offers = tokio::task::JoinSet::new();
         let mut tick = tokio::time::interval(Duration::from_millis(50));
         loop {
