@@ -261,8 +261,9 @@ pub trait Agent: 'static {
         Ok(())
     }
 
-    /// The instance before this one trapped (`reason` says how) and this fresh one takes over the call.
-    /// This value's fields start anew; state kept with [`Session::save`] is still there.
+    /// The instance before this one is gone (`reason` says why: it trapped, was replaced, or the call moved
+    /// from another host) and this fresh one takes over the call. This value's fields start anew; state
+    /// kept with [`Session::save`] is still there.
     fn on_restart(&self, session: &Session, reason: RestartReason) -> Result<(), Error> {
         let _ = (session, reason);
         Ok(())

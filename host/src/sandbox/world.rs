@@ -77,21 +77,38 @@ pub(super) enum Guest {
 }
 
 impl World {
-    /// The world `component` speaks: the oldest of its `voicehost:agent` interfaces' versions (a
-    /// component half moved to a newer one is still as old as its oldest part), 0.3.0 when none is older.
+    /// Every world the host serves, the newest first.
+    const ALL: [World; 3] = [World::V0_3, World::V0_2, World::V0_1];
+
+    /// The world `component` speaks: 0.1.0 when any of its `voicehost:agent` interfaces is of 0.1.x (a
+    /// component half moved to 0.2.0 still needs that adapter), else the world whose handler it is
+    /// served through ([`handler_world`]).
     pub(super) fn of(engine: &Engine, component: &Component) -> World {
         let ty = component.component_type();
-        let versions: Vec<&str> = ty
+        let mut names = ty
             .imports(engine)
             .map(|(name, _)| name)
-            .chain(ty.exports(engine).map(|(name, _)| name))
-            .filter_map(agent_version)
-            .collect();
-        [World::V0_1, World::V0_2]
-            .into_iter()
-            .find(|world| versions.iter().any(|v| resolves(v, world.version())))
-            .unwrap_or(World::CURRENT)
+            .chain(ty.exports(engine).map(|(name, _)| name));
+        if names.any(|name| agent_version(name).is_some_and(|v| resolves(v, "0.1.0"))) {
+            World::V0_1
+        } else {
+            handler_world(engine, &ty)
+        }
     }
+}
+
+/// The world a component's handler is called in: the newest whose `handler` it exports (never a fallback
+/// from a broken newer handler to an older one); the current one when it exports none (the bindings then
+/// say so).
+fn handler_world(engine: &Engine, ty: &types::Component) -> World {
+    let versions: Vec<&str> = ty
+        .exports(engine)
+        .filter_map(|(name, _)| name.strip_prefix("voicehost:agent/handler@"))
+        .collect();
+    World::ALL
+        .into_iter()
+        .find(|world| versions.iter().any(|v| resolves(v, world.version())))
+        .unwrap_or(World::CURRENT)
 }
 
 /// The version of a `voicehost:agent/…@version` name, if it is one.
@@ -102,23 +119,18 @@ fn agent_version(name: &str) -> Option<&str> {
 }
 
 impl Pre {
-    /// The component's `handler` export, checked against its version's: the newest version it exports a
-    /// handler of (never a fallback from a broken newer handler to an older one, and the error names the
-    /// version the component exports); 0.3.0's when it exports none, which the bindings then name. Its functions' types are checked here, where an upload is,
-    /// not at the first call's instantiation.
+    /// The component's `handler` export of its [`handler_world`], checked against that world's (the error
+    /// names the version the component exports). Its functions' types are checked here, where an upload
+    /// is, not at the first call's instantiation.
     pub(super) fn new(pre: InstancePre<HostState>) -> wasmtime::Result<Pre> {
         let component = pre.component();
         let engine = component.engine();
         let ty = component.component_type();
+        let world = handler_world(engine, &ty);
         let handlers: Vec<(&str, &str)> = ty
             .exports(engine)
             .filter_map(|(name, _)| Some((name, name.strip_prefix("voicehost:agent/handler@")?)))
             .collect();
-        let exports = |linked: &str| handlers.iter().any(|(_, v)| resolves(v, linked));
-        let world = [World::V0_3, World::V0_2, World::V0_1]
-            .into_iter()
-            .find(|world| exports(world.version()))
-            .unwrap_or(World::CURRENT);
         // Every export the bindings might take for the world's handler (wasmtime takes the exact version,
         // else the highest that resolves to it): each must have the world's types.
         for (export, _) in handlers
@@ -468,7 +480,7 @@ fn explain(name: &str) -> Option<String> {
     let (package, interface) = path.split_once('/').unwrap_or((path, ""));
     let why = match package {
         "voicehost:agent"
-            if [World::V0_3, World::V0_2, World::V0_1]
+            if World::ALL
                 .iter()
                 .any(|world| resolves(version, world.version())) =>
         {

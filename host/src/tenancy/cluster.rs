@@ -313,7 +313,7 @@ pub struct Offered {
 }
 
 /// The offers made to this host while it takes calls; dropping it leaves the queue group (what NATS sent
-/// here meanwhile is lost, and its senders wait their timeout: [`Offers::drain`] answers them).
+/// here meanwhile is lost, and its senders wait their timeout: [`Offers::drain`] keeps most of it).
 pub struct Offers {
     /// The offers, in the order they came; it ends once [`Offers::drain`] has drained them.
     pub next: tokio::sync::mpsc::Receiver<Offered>,
@@ -322,7 +322,9 @@ pub struct Offers {
 }
 
 impl Offers {
-    /// Leaves the queue group: `next` gives what NATS routed here until it took the leave in, then ends.
+    /// Leaves the queue group: `next` gives what had reached this host, then ends. Best effort: the
+    /// client forgets the subscription before NATS has taken the unsubscribe in, so an offer NATS routes
+    /// here within that round trip is lost (its sender waits its timeout and takes the call back).
     pub fn drain(&mut self) {
         if let Some(drain) = self.drain.take() {
             let _ = drain.send(());
@@ -385,8 +387,7 @@ impl NatsStore {
                     message = subscriber.next() => message,
                     _ = &mut drained, if !draining => {
                         draining = true;
-                        // An unsubscribe and a ping: the stream ends at the pong, after every offer
-                        // NATS routed here before it took the unsubscribe in.
+                        // An unsubscribe and a ping: the stream ends with what had reached the client.
                         if subscriber.drain().await.is_err() {
                             break;
                         }
@@ -446,6 +447,18 @@ impl NatsStore {
             .await
             .map_err(unavailable)?
             .map_err(|_| StoreError::Unavailable("NATS did not take the answer in time".into()))?
+            .map_err(unavailable)
+    }
+
+    /// Waits until NATS has every message this host published so far (its pong), at most
+    /// [`CALL_TIMEOUT`].
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        let client = self.client.clone();
+        self.runtime()
+            .spawn(async move { tokio::time::timeout(CALL_TIMEOUT, client.flush()).await })
+            .await
+            .map_err(unavailable)?
+            .map_err(|_| StoreError::Unavailable("NATS did not answer the flush in time".into()))?
             .map_err(unavailable)
     }
 

@@ -54,7 +54,8 @@ fn component_of_wit(wit: &Path, world: &str, change: impl FnOnce(&Path)) -> Vec<
         std::fs::create_dir_all(to).unwrap();
         for entry in std::fs::read_dir(from).unwrap() {
             let entry = entry.unwrap();
-            match entry.file_type().unwrap().is_dir() {
+            // `path().is_dir()` follows a link: host/wit-0.2's deps/ is one to wit/deps.
+            match entry.path().is_dir() {
                 true => copy(&entry.path(), &to.join(entry.file_name())),
                 false => drop(std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap()),
             }
@@ -204,6 +205,53 @@ fn a_deprecated_worlds_handler_is_checked_against_that_worlds_types() {
              where voicehost:agent@0.1.0 states func(samples: list<s16>) -> result<_, string>"
         ),
         "{stderr}"
+    );
+}
+
+#[test]
+fn a_0_2_handler_is_checked_against_that_worlds_types() {
+    let wit = Path::new(REPO).join("host/wit-0.2");
+    let mistyped = component_of_changed_wit(
+        &wit,
+        "on-audio: func(samples: list<s16>)",
+        "on-audio: func(samples: list<u8>)",
+    );
+    let dir = author_dir("types-0.2", &[("mistyped.wasm", &mistyped)]);
+    let stderr = refused_in(&dir, &["mistyped.wasm"]);
+    assert!(
+        stderr.contains(
+            "voicehost:agent/handler@0.2.0: `on-audio` is func(samples: list<u8>) -> result<_, string>, \
+             where voicehost:agent@0.2.0 states func(samples: list<s16>) -> result<_, string>"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_component_exporting_the_handlers_of_0_2_and_0_3_is_said_to_speak_0_3_the_one_it_is_served_in()
+{
+    let both = component_of_wit(&Path::new(REPO).join("wit"), "both", |dir| {
+        let old = std::fs::read_to_string(Path::new(REPO).join("host/wit-0.2/agent.wit")).unwrap();
+        std::fs::create_dir_all(dir.join("deps/agent-0.2.0")).unwrap();
+        std::fs::write(dir.join("deps/agent-0.2.0/package.wit"), old).unwrap();
+        let text = std::fs::read_to_string(dir.join("agent.wit")).unwrap();
+        std::fs::write(
+            dir.join("agent.wit"),
+            text + "\nworld both { export handler; export voicehost:agent/handler@0.2.0; }\n",
+        )
+        .unwrap();
+    });
+    let dir = author_dir("both-worlds", &[("both.wasm", &both)]);
+    let out = check_in(&dir, &["both.wasm"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("world         voicehost:agent@0.3.0\n"),
+        "{stdout}"
     );
 }
 

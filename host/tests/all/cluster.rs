@@ -644,6 +644,9 @@ async fn a_rolling_restart_of_every_host_loses_no_call_and_no_frame() {
             .sum::<usize>() as u64
     };
     let moved = told("moved");
+    eprintln!(
+        "rolling restart: {moved} fresh instances told the call moved, {taken_back} taken back"
+    );
     assert!(
         (calls as u64..=handed_over + taken_back).contains(&moved),
         "{moved} fresh instances told the call moved, for {calls} calls, {handed_over} handovers and \

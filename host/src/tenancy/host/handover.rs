@@ -34,11 +34,12 @@ const TAKEN_BACK_WITHIN: Duration = Duration::from_secs(15);
 const ARRIVALS_QUEUED: usize = 16;
 /// Offers this host considers at once, at most (more wait in NATS, and time out there).
 const OFFERS_AT_ONCE: usize = 64;
-/// How long a leaving host waits for NATS to take in that it no longer takes offers (its pong).
+/// How long a leaving host takes, at most, to leave the queue group and answer the offers that had
+/// reached it.
 const DRAIN_WITHIN: Duration = Duration::from_secs(2);
 /// The offer's format: a host refuses an offer of another (a rolling upgrade that changed it), and the
-/// leaving host takes the call back.
-const FORMAT: u32 = 1;
+/// leaving host takes the call back. 2: saved values in base64.
+const FORMAT: u32 = 2;
 
 /// A call offered to the other hosts.
 #[derive(Serialize, Deserialize)]
@@ -195,14 +196,17 @@ impl Tenancy {
                 }
             }
         };
-        // Each offer that reached this host before NATS took its leave in is answered (declined: this
-        // host is leaving), so no leaving peer waits out its timeout for an answer that never comes.
+        // Each offer that had reached this host is answered (declined: this host is leaving), and the
+        // answers are out before the leave goes on, so no peer waits out its timeout for them.
         offers.drain();
+        let mut declines = tokio::task::JoinSet::new();
         let _ = tokio::time::timeout(DRAIN_WITHIN, async {
             while let Some(offered) = offers.next.recv().await {
                 let (tenancy, store) = (self.clone(), store.clone());
-                tokio::spawn(async move { tenancy.take_offer(&store, offered).await });
+                declines.spawn(async move { tenancy.take_offer(&store, offered).await });
             }
+            while declines.join_next().await.is_some() {}
+            let _ = store.flush().await;
         })
         .await;
     }
@@ -325,9 +329,12 @@ impl Tenancy {
         );
         let deadline = tokio::time::Instant::now() + within;
         self.leaving.send_replace(true);
-        // Out of the queue group before the first offer: none of this host's calls is offered to itself.
+        // Out of the queue group before the first offer (an unsubscribe and an offer of one client reach
+        // NATS in order): none of this host's calls is offered to itself.
         let mut closed = self.offers_closed.subscribe();
-        let _ = tokio::time::timeout(DRAIN_WITHIN, closed.wait_for(|closed| *closed)).await;
+        let drained =
+            deadline.min(tokio::time::Instant::now() + DRAIN_WITHIN + Duration::from_secs(1));
+        let _ = tokio::time::timeout_at(drained, closed.wait_for(|closed| *closed)).await;
         let mut offers = tokio::task::JoinSet::new();
         let mut tick = tokio::time::interval(Duration::from_millis(50));
         loop {
