@@ -69,6 +69,15 @@ pub(super) fn contended() -> bool {
     IN_GUEST.load(Ordering::Relaxed) >= *WORKERS
 }
 
+/// A guest's worker at an epoch tick, before it yields to the calls' runtime: it yields its core too.
+/// The host's I/O threads (a frame's read, its echo's write) are woken on cores that busy guests hold,
+/// and the kernel runs them only once it preempts the guest: at its next scheduler tick (4 ms at
+/// `HZ=250`), after the guest's slice. A yield lets a woken thread run now; when nothing else wants the
+/// core it returns at once. Only a guest that runs through a tick pays for it (a syscall a tick).
+pub(super) fn at_tick() {
+    std::thread::yield_now();
+}
+
 /// What one call's handler calls have used of the guest CPU. Shared by the call's successive instances.
 /// Host work charged between two handler calls (an HTTP request's, in its own task) counts toward the
 /// next one: the guest cannot start requests and return to have their work go uncounted.

@@ -189,7 +189,9 @@ async fn instantiate(
         if state.cpu.used() > state.cpu_budget {
             return Ok(UpdateDeadline::Interrupt);
         }
-        // Yield: the guest's worker goes to the next call at least once a tick (`cpu.rs`).
+        // Yield: the guest's worker goes to the next call at least once a tick, and its core to the
+        // host's I/O threads (`cpu.rs`).
+        cpu::at_tick();
         Ok(UpdateDeadline::Yield(1))
     });
     store.set_epoch_deadline(1);

@@ -1,6 +1,6 @@
 //! The guests' CPU is shared fairly (issue 24): a call whose guest burns CPU is the one slowed, never its
-//! neighbours. Guests run one poll at a time on the host's guest slots, the least-used call first, on a
-//! runtime of their own beside the host's I/O (`voicehost::sandbox`'s `cpu.rs`).
+//! neighbours. Guests run on a runtime of their own beside the host's I/O, and yield their worker and
+//! their core at every epoch tick (`voicehost::sandbox`'s `cpu.rs`).
 
 use std::time::{Duration, Instant};
 use voicehost::agent::CallRules;
